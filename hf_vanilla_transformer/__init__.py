@@ -1,0 +1,40 @@
+"""hf_vanilla_transformer: the original Transformer (Vaswani et al. 2017) as a Hugging Face model.
+
+Importing the package registers the model with the Auto classes (`AutoConfig`, `AutoModel`,
+`AutoModelForSeq2SeqLM`), and marks the classes so that `save_pretrained` writes a folder that loads with
+`trust_remote_code=True` where this package is not installed.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from .modeling_vanilla_transformer import (
+    VanillaTransformerForConditionalGeneration,
+    VanillaTransformerModel,
+    VanillaTransformerPreTrainedModel,
+    label_smoothed_loss,
+    shift_tokens_right,
+    sinusoidal_positions,
+)
+
+
+__version__ = "0.1.0"
+
+AutoConfig.register(VanillaTransformerConfig.model_type, VanillaTransformerConfig, exist_ok=True)
+AutoModel.register(VanillaTransformerConfig, VanillaTransformerModel, exist_ok=True)
+AutoModelForSeq2SeqLM.register(VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, exist_ok=True)
+
+VanillaTransformerConfig.register_for_auto_class()
+VanillaTransformerModel.register_for_auto_class("AutoModel")
+VanillaTransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+
+__all__ = [
+    "PRESETS",
+    "VanillaTransformerConfig",
+    "VanillaTransformerForConditionalGeneration",
+    "VanillaTransformerModel",
+    "VanillaTransformerPreTrainedModel",
+    "label_smoothed_loss",
+    "shift_tokens_right",
+    "sinusoidal_positions",
+]

@@ -1,0 +1,251 @@
+"""Configuration of the original Transformer (Vaswani et al. 2017, "Attention Is All You Need").
+
+The defaults are the paper's *base* model (§3, Table 3 row "base"); `VanillaTransformerConfig.from_preset("big")`
+gives the *big* one. Field names follow Hugging Face's Marian so that every HF utility finds them
+(`d_model`, `encoder_layers`, `encoder_attention_heads`, `encoder_ffn_dim`, ...).
+
+Options beyond the paper are one field each and off by default:
+
+* `pre_layer_norm`: pre-LN sub-layers `x + Dropout(Sublayer(LayerNorm(x)))` with a final LayerNorm on each stack
+  (tensor2tensor's later default); the paper is post-LN `LayerNorm(x + Dropout(Sublayer(x)))`.
+* `sinusoid_layout="concat"`: `[sin | cos]` halves (fairseq, tensor2tensor, Marian) instead of the paper's
+  interleaved `sin, cos, sin, cos, ...` (§3.5). The frequencies are the paper's in both layouts.
+* `position_embedding_type="learned"`: learned absolute positions (Table 3 row E), capped at
+  `max_position_embeddings`. Sinusoids (the default) have no cap and are never stored in a checkpoint.
+* `tie_word_embeddings=False`: an output projection of its own. Source and target embeddings stay one matrix (§3.4).
+* `d_k` / `d_v`: per-head query/key and value sizes other than `d_model / heads` (§3.2.2).
+
+Generation settings (beam size, length penalty, ...) live in the model's `GenerationConfig`, not here.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+
+
+# The two sizes of the paper (§6.1, Table 3) and two small ones: `tiny` for tests, `small` for quick CPU runs.
+PRESETS: dict[str, dict] = {
+    "base": dict(
+        d_model=512,
+        encoder_layers=6,
+        decoder_layers=6,
+        encoder_attention_heads=8,
+        decoder_attention_heads=8,
+        encoder_ffn_dim=2048,
+        decoder_ffn_dim=2048,
+        dropout=0.1,
+    ),
+    "big": dict(
+        d_model=1024,
+        encoder_layers=6,
+        decoder_layers=6,
+        encoder_attention_heads=16,
+        decoder_attention_heads=16,
+        encoder_ffn_dim=4096,
+        decoder_ffn_dim=4096,
+        dropout=0.3,
+    ),
+    "small": dict(
+        d_model=256,
+        encoder_layers=3,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=1024,
+        decoder_ffn_dim=1024,
+        dropout=0.1,
+    ),
+    "tiny": dict(
+        vocab_size=99,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        dropout=0.1,
+    ),
+}
+
+POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
+SINUSOID_LAYOUTS = ("interleaved", "concat")
+
+
+class VanillaTransformerConfig(PreTrainedConfig):
+    r"""
+    Configuration of [`VanillaTransformerModel`] and [`VanillaTransformerForConditionalGeneration`].
+
+    Args:
+        vocab_size (`int`, *optional*, defaults to 37000):
+            Size of the one vocabulary shared by source and target (§5.1: about 37,000 BPE tokens for EN-DE).
+        d_model (`int`, *optional*, defaults to 512):
+            Width of every sub-layer output and of the embeddings (§3.1).
+        encoder_layers (`int`, *optional*, defaults to 6):
+            Number of encoder layers N (§3.1).
+        decoder_layers (`int`, *optional*, defaults to 6):
+            Number of decoder layers N (§3.1).
+        encoder_attention_heads (`int`, *optional*, defaults to 8):
+            Heads h of encoder self-attention (§3.2.2).
+        decoder_attention_heads (`int`, *optional*, defaults to 8):
+            Heads h of decoder self- and cross-attention (§3.2.2).
+        encoder_ffn_dim (`int`, *optional*, defaults to 2048):
+            Inner size d_ff of the encoder's position-wise feed-forward networks (§3.3).
+        decoder_ffn_dim (`int`, *optional*, defaults to 2048):
+            Inner size d_ff of the decoder's position-wise feed-forward networks (§3.3).
+        d_k (`int`, *optional*):
+            Per-head size of queries and keys; `None` means `d_model / heads` (§3.2.2).
+        d_v (`int`, *optional*):
+            Per-head size of values; `None` means `d_model / heads` (§3.2.2).
+        dropout (`float`, *optional*, defaults to 0.1):
+            P_drop, applied to every sub-layer output before the residual add and to embeddings + positions (§5.4).
+        attention_dropout (`float`, *optional*, defaults to 0.0):
+            Dropout on attention probabilities (not in the paper).
+        activation_dropout (`float`, *optional*, defaults to 0.0):
+            Dropout after the FFN activation (not in the paper).
+        activation_function (`str`, *optional*, defaults to `"relu"`):
+            FFN activation; the paper's is ReLU (§3.3).
+        scale_embedding (`bool`, *optional*, defaults to `True`):
+            Multiply embedding outputs by sqrt(d_model) (§3.4).
+        tie_word_embeddings (`bool`, *optional*, defaults to `True`):
+            Share the pre-softmax projection with the (already shared) source/target embedding (§3.4).
+        layer_norm_eps (`float`, *optional*, defaults to 1e-5):
+            Epsilon of every LayerNorm.
+        label_smoothing (`float`, *optional*, defaults to 0.1):
+            epsilon_ls of the training loss (§5.4).
+        pre_layer_norm (`bool`, *optional*, defaults to `False`):
+            Pre-LN sub-layers with a final LayerNorm per stack instead of the paper's post-LN.
+        position_embedding_type (`str`, *optional*, defaults to `"sinusoidal"`):
+            `"sinusoidal"` (§3.5, computed for any length) or `"learned"` (Table 3 row E).
+        sinusoid_layout (`str`, *optional*, defaults to `"interleaved"`):
+            `"interleaved"` (the paper: sin at even features, cos at odd) or `"concat"` (`[sin | cos]`).
+        max_position_embeddings (`int`, *optional*, defaults to 1024):
+            Longest sequence with learned positions. Ignored by sinusoidal positions, which have no limit.
+        init_std (`float`, *optional*):
+            Standard deviation of the embedding initialisation; `None` means d_model^-0.5 as in the reference
+            implementations (tensor2tensor, fairseq).
+        use_cache (`bool`, *optional*, defaults to `True`):
+            Return the encoder-decoder key/value cache.
+        pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`, *optional*, defaults to 0, 1, 2, 1):
+            Special tokens. Decoding starts from `decoder_start_token_id` (the tokenizer's `<s>`).
+    """
+
+    model_type = "vanilla_transformer"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    # Generic names read by HF utilities. The key/value cache that generate() builds is the decoder's, so the layer
+    # and head counts are the decoder's.
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "decoder_attention_heads",
+        "num_hidden_layers": "decoder_layers",
+    }
+
+    vocab_size: int = 37000
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    d_k: int | None = None
+    d_v: int | None = None
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation_function: str = "relu"
+    scale_embedding: bool = True
+    tie_word_embeddings: bool = True
+    layer_norm_eps: float = 1e-5
+    label_smoothing: float = 0.1
+    pre_layer_norm: bool = False
+    position_embedding_type: str = "sinusoidal"
+    sinusoid_layout: str = "interleaved"
+    max_position_embeddings: int = 1024
+    init_std: float | None = None
+    use_cache: bool = True
+    is_encoder_decoder: bool = True
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | None = 2
+    decoder_start_token_id: int | None = 1
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self._check_values()
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> VanillaTransformerConfig:
+        """A config for one of the named sizes (`base`, `big`, `small`, `tiny`), with `overrides` on top."""
+        if name not in PRESETS:
+            raise ValueError(f"Unknown preset {name!r}; expected one of {sorted(PRESETS)}.")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def head_dims(self, heads: int) -> tuple[int, int]:
+        """(d_k, d_v) for a block with `heads` heads: the configured sizes, else d_model / heads (§3.2.2)."""
+        return (self.d_k or self.d_model // heads, self.d_v or self.d_model // heads)
+
+    def _check_values(self) -> None:
+        """Raise a `ValueError` naming the first impossible value."""
+
+        def fail(name: str, expected: str) -> None:
+            raise ValueError(
+                f"VanillaTransformerConfig: {name}={getattr(self, name)!r} is invalid; expected {expected}."
+            )
+
+        def is_int(value) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        for name in (
+            "vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "max_position_embeddings",
+        ):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
+                fail(name, "a positive integer")
+        for name in ("d_k", "d_v"):
+            value = getattr(self, name)
+            if value is not None and (not is_int(value) or value < 1):
+                fail(name, "None (d_model / heads) or a positive integer")
+        for heads in ("encoder_attention_heads", "decoder_attention_heads"):
+            if self.d_model % getattr(self, heads) and (self.d_k is None or self.d_v is None):
+                fail(heads, f"a divisor of d_model={self.d_model}, or d_k and d_v set explicitly")
+        for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                fail(name, "a probability in [0, 1)")
+        if self.activation_function not in ACT2FN:
+            fail("activation_function", "one of transformers' activations, e.g. 'relu' or 'gelu'")
+        if (
+            isinstance(self.layer_norm_eps, bool)
+            or not isinstance(self.layer_norm_eps, (int, float))
+            or not self.layer_norm_eps > 0
+        ):
+            fail("layer_norm_eps", "a positive number")
+        if self.init_std is not None and (
+            isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float)) or not self.init_std > 0
+        ):
+            fail("init_std", "None (d_model^-0.5) or a positive number")
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            fail("position_embedding_type", f"one of {POSITION_EMBEDDING_TYPES}")
+        if self.sinusoid_layout not in SINUSOID_LAYOUTS:
+            fail("sinusoid_layout", f"one of {SINUSOID_LAYOUTS}")
+        for name in ("scale_embedding", "tie_word_embeddings", "pre_layer_norm"):
+            if not isinstance(getattr(self, name), bool):
+                fail(name, "True or False")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            value = getattr(self, name)
+            if value is not None and (not is_int(value) or not 0 <= value < self.vocab_size):
+                fail(name, f"None or a token id in [0, vocab_size={self.vocab_size})")
+        if self.decoder_start_token_id is None:
+            fail("decoder_start_token_id", "a token id: the decoder needs a first input")
+
+
+__all__ = ["PRESETS", "VanillaTransformerConfig"]

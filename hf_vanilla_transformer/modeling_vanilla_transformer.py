@@ -1,0 +1,782 @@
+"""The original Transformer (Vaswani et al. 2017, "Attention Is All You Need") as a Hugging Face model.
+
+Post-LN encoder-decoder (§3.1), multi-head attention (§3.2), position-wise FFN (§3.3), one embedding matrix shared
+by encoder input, decoder input and output projection, scaled by sqrt(d_model) (§3.4), sinusoidal positions
+computed for any length (§3.5), dropout as in §5.4 and label-smoothed loss (§5.4).
+
+This file imports only torch, transformers and its own configuration, so a folder written by `save_pretrained`
+loads with `trust_remote_code=True` where this package is not installed.
+
+Shape legend: B batch, S source length, T target length (new tokens), P cached target length, H heads,
+D d_model, Dk / Dv per-head query-key / value size, F FFN inner size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationConfig, GenerationMixin
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_vanilla_transformer import VanillaTransformerConfig
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Positions (§3.5)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def sinusoidal_positions(positions: torch.Tensor, dim: int, layout: str = "interleaved") -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/dim)), PE(pos, 2i+1) = cos(pos / 10000^(2i/dim)), in float32 (§3.5).
+
+    `positions` holds any integer positions, shape (...,); the result has shape (..., dim). `layout="interleaved"`
+    puts sin and cos side by side as in the paper; `"concat"` puts all sines first, then all cosines (fairseq,
+    tensor2tensor and Marian's layout, with the paper's frequencies). Nothing is tabulated, so there is no length
+    limit and nothing to store in a checkpoint.
+    """
+    half = (dim + 1) // 2
+    exponent = torch.arange(half, device=positions.device, dtype=torch.float32) * (2.0 / dim)
+    inv_freq = torch.pow(10000.0, -exponent)  # (dim/2,)
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # (..., dim/2)
+    if layout == "interleaved":
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[..., :dim]
+    return torch.cat((angles.sin(), angles.cos()[..., : dim // 2]), dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Attention (§3.2)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q K^T / sqrt(d_k)) V written out (eq. 1), returning the attention weights too.
+
+    Scores, mask and softmax are computed in float32 so that neither fp16 nor bf16 can overflow, and a query row
+    with no key to attend to (a source made only of padding) gets zero weights, as SDPA gives it.
+    """
+    # query: (B, H, Tq, Dk), key: (B, H, Tk, Dk), value: (B, H, Tk, Dv)
+    scores = torch.matmul(query, key.transpose(2, 3)).float() * scaling  # (B, H, Tq, Tk)
+    keep = None
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            keep = attention_mask
+            scores = scores.masked_fill(~keep, torch.finfo(torch.float32).min)
+        else:
+            mask = attention_mask[:, :, :, : key.shape[-2]].float()
+            keep = mask > torch.finfo(attention_mask.dtype).min / 2
+            scores = scores + mask
+    weights = torch.softmax(scores, dim=-1)
+    if keep is not None:
+        weights = weights * keep.any(dim=-1, keepdim=True)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training).to(value.dtype)
+    attn_output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, Tq, H, Dv)
+    return attn_output, weights
+
+
+class VanillaTransformerAttention(nn.Module):
+    """Multi-head attention, §3.2.2: Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    Used three ways (§3.2.3): encoder self-attention, masked decoder self-attention (`is_causal=True`) and
+    encoder-decoder attention (`is_cross_attention=True`, keys and values from the top encoder layer).
+    """
+
+    def __init__(
+        self,
+        config: VanillaTransformerConfig,
+        num_heads: int,
+        is_causal: bool = False,
+        is_cross_attention: bool = False,
+        layer_idx: int | None = None,
+    ):
+        super().__init__()
+        self.config = config
+        self.num_heads = num_heads
+        self.head_dim, self.value_head_dim = config.head_dims(num_heads)
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = is_causal
+        self.is_cross_attention = is_cross_attention
+        self.layer_idx = layer_idx
+
+        self.q_proj = nn.Linear(config.d_model, num_heads * self.head_dim)
+        self.k_proj = nn.Linear(config.d_model, num_heads * self.head_dim)
+        self.v_proj = nn.Linear(config.d_model, num_heads * self.value_head_dim)
+        self.out_proj = nn.Linear(num_heads * self.value_head_dim, config.d_model)
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            proj.xavier_gain = 2**-0.5  # read by _init_weights
+
+    def _project_keys_values(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, L, D) -> keys (B, H, L, Dk) and values (B, H, L, Dv)."""
+        batch, length = states.shape[:2]
+        keys = self.k_proj(states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        values = self.v_proj(states).view(batch, length, self.num_heads, self.value_head_dim).transpose(1, 2)
+        return keys, values
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, length = hidden_states.shape[:2]
+        query = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+
+        # 1. Keys and values. Self-attention appends this step's to the cache; cross-attention projects the encoder
+        #    output once per generate() call and reads it back from the cache at every later step.
+        if self.is_cross_attention:
+            cache = past_key_values.cross_attention_cache if past_key_values is not None else None
+            if cache is not None and past_key_values.is_updated.get(self.layer_idx):
+                key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+            else:
+                key, value = self._project_keys_values(key_value_states)
+                if cache is not None:
+                    key, value = cache.update(key, value, self.layer_idx)
+                    past_key_values.is_updated[self.layer_idx] = True
+        else:
+            key, value = self._project_keys_values(hidden_states)
+            if past_key_values is not None:
+                cache = (
+                    past_key_values.self_attention_cache
+                    if isinstance(past_key_values, EncoderDecoderCache)
+                    else past_key_values
+                )
+                key, value = cache.update(key, value, self.layer_idx)  # (B, H, P + T, Dk), (B, H, P + T, Dv)
+
+        # 2. Scaled dot-product attention through the configured backend (eager, sdpa, flash_attention_2).
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        # 3. Concatenate the heads and apply W^O.
+        attn_output = attn_output.reshape(batch, length, self.num_heads * self.value_head_dim)  # (B, T, H*Dv)
+        return self.out_proj(attn_output), attn_weights
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Layers (§3.1, §3.3, §5.4)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class VanillaTransformerFeedForward(nn.Module):
+    """Position-wise feed-forward network, §3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    def __init__(self, config: VanillaTransformerConfig, ffn_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.activation_dropout = config.activation_dropout
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.activation_fn(self.fc1(hidden_states))  # (B, L, F)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        return self.fc2(hidden_states)  # (B, L, D)
+
+
+class VanillaTransformerEncoderLayer(GradientCheckpointingLayer):
+    """Encoder layer, §3.1: self-attention, then FFN, each wrapped as LayerNorm(x + Dropout(Sublayer(x))) (§5.4).
+
+    With `config.pre_layer_norm` each sub-layer is x + Dropout(Sublayer(LayerNorm(x))) instead.
+    """
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__()
+        self.pre_layer_norm = config.pre_layer_norm
+        self.dropout = config.dropout
+        self.self_attn = VanillaTransformerAttention(config, config.encoder_attention_heads)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn = VanillaTransformerFeedForward(config, config.encoder_ffn_dim)
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs
+    ) -> torch.Tensor:
+        # 1. Self-attention sub-layer.
+        residual = hidden_states
+        if self.pre_layer_norm:
+            hidden_states = self.self_attn_layer_norm(hidden_states)
+        hidden_states, _ = self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
+        hidden_states = residual + nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        if not self.pre_layer_norm:
+            hidden_states = self.self_attn_layer_norm(hidden_states)
+
+        # 2. Feed-forward sub-layer.
+        residual = hidden_states
+        if self.pre_layer_norm:
+            hidden_states = self.final_layer_norm(hidden_states)
+        hidden_states = self.ffn(hidden_states)
+        hidden_states = residual + nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        if not self.pre_layer_norm:
+            hidden_states = self.final_layer_norm(hidden_states)
+        return hidden_states  # (B, S, D)
+
+
+class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
+    """Decoder layer, §3.1: masked self-attention, encoder-decoder attention, FFN; each sub-layer post-LN (§5.4)."""
+
+    def __init__(self, config: VanillaTransformerConfig, layer_idx: int):
+        super().__init__()
+        self.pre_layer_norm = config.pre_layer_norm
+        self.dropout = config.dropout
+        heads = config.decoder_attention_heads
+        self.self_attn = VanillaTransformerAttention(config, heads, is_causal=True, layer_idx=layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.encoder_attn = VanillaTransformerAttention(config, heads, is_cross_attention=True, layer_idx=layer_idx)
+        self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn = VanillaTransformerFeedForward(config, config.decoder_ffn_dim)
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        # 1. Masked self-attention sub-layer: position i sees positions <= i (§3.2.3).
+        residual = hidden_states
+        if self.pre_layer_norm:
+            hidden_states = self.self_attn_layer_norm(hidden_states)
+        hidden_states, _ = self.self_attn(
+            hidden_states, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs
+        )
+        hidden_states = residual + nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        if not self.pre_layer_norm:
+            hidden_states = self.self_attn_layer_norm(hidden_states)
+
+        # 2. Encoder-decoder attention sub-layer: queries from the decoder, keys and values from the encoder.
+        residual = hidden_states
+        if self.pre_layer_norm:
+            hidden_states = self.encoder_attn_layer_norm(hidden_states)
+        hidden_states, _ = self.encoder_attn(
+            hidden_states,
+            key_value_states=encoder_hidden_states,
+            attention_mask=encoder_attention_mask,
+            past_key_values=past_key_values,
+            **kwargs,
+        )
+        hidden_states = residual + nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        if not self.pre_layer_norm:
+            hidden_states = self.encoder_attn_layer_norm(hidden_states)
+
+        # 3. Feed-forward sub-layer.
+        residual = hidden_states
+        if self.pre_layer_norm:
+            hidden_states = self.final_layer_norm(hidden_states)
+        hidden_states = self.ffn(hidden_states)
+        hidden_states = residual + nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        if not self.pre_layer_norm:
+            hidden_states = self.final_layer_norm(hidden_states)
+        return hidden_states  # (B, T, D)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Pre-trained model base: initialisation, embeddings, input checks
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow: tuple[int, ...] = ()) -> None:
+    """Raise a ValueError naming `name` when `ids` is empty, not 2-D, or holds an id outside [0, vocab_size)."""
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (batch, length); got shape {tuple(ids.shape)}.")
+    if ids.numel() == 0:
+        raise ValueError(
+            f"{name} is empty (shape {tuple(ids.shape)}); expected at least one sequence of at least one token."
+        )
+    if ids.is_floating_point():
+        raise ValueError(f"{name} must hold integer token ids; got dtype {ids.dtype}.")
+    bad = (ids < 0) | (ids >= vocab_size)
+    for value in allow:
+        bad &= ids != value
+    if bad.any():
+        value = ids[bad][0].item()
+        raise ValueError(f"{name} holds token id {value}, outside the vocabulary [0, {vocab_size}).")
+
+
+def _check_mask(name: str, mask: torch.Tensor | None, expected: tuple[int, ...]) -> None:
+    """Raise a ValueError naming `name` when a 2-D padding mask does not have the `expected` shape."""
+    if mask is not None and mask.dim() == 2 and tuple(mask.shape) != expected:
+        raise ValueError(f"{name} has shape {tuple(mask.shape)}; expected {expected} to match the token ids.")
+
+
+class VanillaTransformerPreTrainedModel(PreTrainedModel):
+    """Initialisation as the reference implementations (fairseq, tensor2tensor, `torch.nn.Transformer`):
+
+    * embeddings (shared, and learned positions) ~ N(0, d_model^-0.5), so that embeddings times sqrt(d_model) have
+      unit variance; an untied output projection likewise;
+    * query/key/value projections Xavier-uniform with gain 1/sqrt(2) (what fairseq uses and what
+      `torch.nn.Transformer` gives its fused in-projection), every other linear layer Xavier-uniform; biases zero;
+    * LayerNorm weight 1, bias 0.
+    """
+
+    config: VanillaTransformerConfig
+    config_class = VanillaTransformerConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _supports_flash_attn = True
+    _supports_sdpa = True
+    _no_split_modules = ["VanillaTransformerEncoderLayer", "VanillaTransformerDecoderLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        # Called once per leaf module (transformers skips modules without parameters of their own).
+        std = self.config.init_std or self.config.d_model**-0.5
+        if isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight, gain=getattr(module, "xavier_gain", 1.0))
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        # Source and target embeddings are one matrix whatever `tie_word_embeddings` says (§3.4); that flag only
+        # decides whether the output projection shares it too.
+        if all_submodels:
+            return super().get_expanded_tied_weights_keys(all_submodels=True)
+        tied = dict(self._tied_weights_keys or {})
+        if not self.config.tie_word_embeddings:
+            tied.pop("lm_head.weight", None)
+        return tied
+
+
+class _VanillaTransformerStack(VanillaTransformerPreTrainedModel):
+    """What both stacks share: token embedding times sqrt(d_model) plus positions, then dropout (§3.4, §3.5, §5.4)."""
+
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding | None):
+        super().__init__(config)
+        self.dropout = config.dropout
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = (
+            embed_tokens if embed_tokens is not None else nn.Embedding(config.vocab_size, config.d_model)
+        )
+        self.embed_positions = (
+            nn.Embedding(config.max_position_embeddings, config.d_model)
+            if config.position_embedding_type == "learned"
+            else None
+        )
+        # Pre-LN needs a LayerNorm on the output of the stack; the paper's post-LN has none.
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.pre_layer_norm else None
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, start: int = 0) -> torch.Tensor:
+        """Dropout(E[ids] * sqrt(d_model) + PE[start : start + L]); `inputs_embeds` replaces E[ids] if given."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = inputs_embeds * self.embed_scale  # (B, L, D)
+        length = inputs_embeds.shape[1]
+        positions = torch.arange(start, start + length, device=inputs_embeds.device)  # (L,)
+        if self.embed_positions is None:
+            position_embeds = sinusoidal_positions(positions, self.config.d_model, self.config.sinusoid_layout)
+        else:
+            if start + length > self.config.max_position_embeddings:
+                raise ValueError(
+                    f"Sequence of {start + length} positions is longer than max_position_embeddings="
+                    f"{self.config.max_position_embeddings} of the learned positions; use sinusoidal positions "
+                    "(no limit) or a larger max_position_embeddings."
+                )
+            position_embeds = self.embed_positions(positions)
+        hidden_states = inputs_embeds + position_embeds.to(inputs_embeds.dtype)
+        return nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+
+
+class VanillaTransformerEncoder(_VanillaTransformerStack):
+    """Encoder stack, §3.1: N identical layers over the embedded source."""
+
+    _can_record_outputs = {
+        "hidden_states": VanillaTransformerEncoderLayer,
+        "attentions": VanillaTransformerAttention,
+    }
+
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding | None = None):
+        super().__init__(config, embed_tokens)
+        self.layers = nn.ModuleList([VanillaTransformerEncoderLayer(config) for _ in range(config.encoder_layers)])
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutput:
+        if input_ids is not None:
+            _check_ids("input_ids", input_ids, self.config.vocab_size)
+        hidden_states = self.embed(input_ids, inputs_embeds)  # (B, S, D)
+        _check_mask("attention_mask", attention_mask, tuple(hidden_states.shape[:2]))
+
+        attention_mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
+        )
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
+        return BaseModelOutput(last_hidden_state=hidden_states)
+
+
+class VanillaTransformerDecoder(_VanillaTransformerStack):
+    """Decoder stack, §3.1: N identical layers over the embedded, right-shifted target and the encoder output."""
+
+    _can_record_outputs = {
+        "hidden_states": VanillaTransformerDecoderLayer,
+        "attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="encoder_attn"),
+    }
+
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding | None = None):
+        super().__init__(config, embed_tokens)
+        self.layers = nn.ModuleList(
+            [VanillaTransformerDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)]
+        )
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        if encoder_hidden_states is None:
+            raise ValueError("The decoder needs encoder_hidden_states: the output of the encoder.")
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        # Ids the model generated itself need no check; a user's prompt or a training batch does.
+        if input_ids is not None and (past_length == 0 or input_ids.shape[-1] > 1):
+            _check_ids("decoder_input_ids", input_ids, self.config.vocab_size)
+
+        # 1. Target embeddings at positions past_length .. past_length + T - 1: a step at position t uses PE(t).
+        hidden_states = self.embed(input_ids, inputs_embeds, start=past_length)  # (B, T, D)
+        batch, length = hidden_states.shape[:2]
+        _check_mask("decoder_attention_mask", attention_mask, (batch, past_length + length))
+        _check_mask("attention_mask", encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]))
+
+        # 2. Masks: causal (+ target padding) for self-attention, source padding for cross-attention.
+        self_attention_cache = (
+            past_key_values.self_attention_cache
+            if isinstance(past_key_values, EncoderDecoderCache)
+            else past_key_values
+        )
+        causal_mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=attention_mask,
+            past_key_values=self_attention_cache,
+        )
+        encoder_attention_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+
+        # 3. The layers.
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                causal_mask,
+                encoder_hidden_states,  # positional, for gradient checkpointing
+                encoder_attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+                **kwargs,
+            )
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states, past_key_values=past_key_values if use_cache else None
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Encoder-decoder
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder inputs from labels: `decoder_start_token_id` then labels[:-1], with -100 turned into padding (§3.1)."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
+    """The encoder-decoder of §3 without the output projection; `shared` is the one embedding matrix (§3.4)."""
+
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model)
+        self.encoder = VanillaTransformerEncoder(config, self.shared)
+        self.decoder = VanillaTransformerDecoder(config, self.shared)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.shared = value
+        self.encoder.embed_tokens = value
+        self.decoder.embed_tokens = value
+
+    def get_encoder(self, modality: str | None = None) -> VanillaTransformerEncoder:
+        return self.encoder
+
+    def get_decoder(self) -> VanillaTransformerDecoder:
+        return self.decoder
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        # 1. Encode, unless generate() already did.
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        # 2. Decode with cross-attention over the top encoder layer.
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+def label_smoothed_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    epsilon: float,
+    num_items_in_batch: int | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Label-smoothed cross-entropy (§5.4) summed over target tokens and divided by their number.
+
+    Positions labelled -100 count in neither the sum nor the divisor. Under `Trainer`, `num_items_in_batch` is the
+    number of target tokens in the whole update (all accumulation steps and, with `average_tokens_across_devices`,
+    all processes), so that the update's gradient is that of the per-token mean loss, whatever the split.
+    The smoothed target puts 1 - epsilon + epsilon/V on the reference token and epsilon/V on every other one
+    (`torch.nn.functional.cross_entropy(label_smoothing=epsilon)`).
+    """
+    loss = nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]),  # (B*T, V), softmax in float32
+        labels.reshape(-1),
+        ignore_index=-100,
+        label_smoothing=epsilon,
+        reduction="sum",
+    )
+    if num_items_in_batch is None:
+        num_items_in_batch = (labels != -100).sum().clamp(min=1)
+    elif isinstance(num_items_in_batch, torch.Tensor):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
+    """The Transformer for translation: encoder-decoder, output projection tied to the embeddings, softmax (§3.4)."""
+
+    _tied_weights_keys = {
+        "lm_head.weight": "model.shared.weight",
+        "model.encoder.embed_tokens.weight": "model.shared.weight",
+        "model.decoder.embed_tokens.weight": "model.shared.weight",
+    }
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config)
+        self.model = VanillaTransformerModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+        self.generation_config = default_generation_config(config)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def get_encoder(self, modality: str | None = None) -> VanillaTransformerEncoder:
+        return self.model.encoder
+
+    def get_decoder(self) -> VanillaTransformerDecoder:
+        return self.model.decoder
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch_size, target_length)`, *optional*):
+            Target token ids ending with `</s>`; -100 (and `pad_token_id`, unless it is also `eos_token_id`) marks
+            positions left out of the loss. Without `decoder_input_ids` the decoder reads the labels shifted right.
+        """
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        if labels is not None:
+            _check_ids("labels", labels, self.config.vocab_size, allow=(-100,))
+            pad, eos = self.config.pad_token_id, self.config.eos_token_id
+            if pad is not None and pad != eos:
+                labels = labels.masked_fill(labels == pad, -100)
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+
+        loss = None
+        if labels is not None:
+            loss = label_smoothed_loss(logits, labels, self.config.label_smoothing, num_items_in_batch)
+
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+
+def default_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
+    """The decoding defaults of a new model: beam search with 4 beams (§6.1)."""
+    return GenerationConfig(
+        num_beams=4,
+        early_stopping=True,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        decoder_start_token_id=config.decoder_start_token_id,
+    )
+
+
+__all__ = [
+    "VanillaTransformerForConditionalGeneration",
+    "VanillaTransformerModel",
+    "VanillaTransformerPreTrainedModel",
+    "label_smoothed_loss",
+    "shift_tokens_right",
+    "sinusoidal_positions",
+]

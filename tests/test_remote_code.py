@@ -1,0 +1,92 @@
+"""A saved folder loads with `trust_remote_code=True` in a fresh process where this package cannot be imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+from conftest import PAD, random_ids, tiny_model
+
+
+def run_without_package(script: str, tmp_path, **env) -> subprocess.CompletedProcess:
+    """Run `script` in a new interpreter in which `import hf_vanilla_transformer` fails."""
+    guard = "import sys\nsys.modules['hf_vanilla_transformer'] = None  # the package is not importable\n"
+    environment = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf_home"),  # remote-code modules are copied here, not into ~/.cache
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": "",
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, "-c", guard + textwrap.dedent(script)],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_remote_code_load_gives_identical_outputs(tmp_path):
+    model = tiny_model()
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForSeq2SeqLM"].endswith("VanillaTransformerForConditionalGeneration")
+    assert (folder / "modeling_vanilla_transformer.py").exists()
+    assert (folder / "configuration_vanilla_transformer.py").exists()
+
+    ids = random_ids(2, 7)
+    ids[1, 5:] = PAD
+    mask = (ids != PAD).long()
+    torch.save({"ids": ids, "mask": mask}, tmp_path / "inputs.pt")
+    result = run_without_package(
+        f"""
+        import torch
+        try:
+            import hf_vanilla_transformer
+            raise SystemExit("the package is importable")
+        except ImportError:
+            pass
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
+        inputs = torch.load("inputs.pt")
+        with torch.no_grad():
+            logits = model(input_ids=inputs["ids"], attention_mask=inputs["mask"],
+                           decoder_input_ids=inputs["ids"][:, :4]).logits
+        generated = model.generate(inputs["ids"], attention_mask=inputs["mask"], max_new_tokens=6)
+        torch.save({{"logits": logits, "generated": generated, "class": type(model).__module__,
+                    "beams": model.generation_config.num_beams}}, "outputs.pt")
+        """,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    remote = torch.load(tmp_path / "outputs.pt")
+    assert "hf_vanilla_transformer" not in remote["class"]  # it really ran the copied file
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :4]).logits
+    assert torch.equal(remote["logits"], logits)
+    assert torch.equal(remote["generated"], model.generate(ids, attention_mask=mask, max_new_tokens=6))
+    assert remote["beams"] == 4
+
+
+def test_modeling_file_imports_only_torch_transformers_and_its_config():
+    import ast
+    import pathlib
+
+    import hf_vanilla_transformer
+
+    source = pathlib.Path(hf_vanilla_transformer.__file__).with_name("modeling_vanilla_transformer.py").read_text()
+    roots = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            roots.add("." + (node.module or "") if node.level else node.module.split(".")[0])
+    assert roots <= {"__future__", "math", "collections", "torch", "transformers", ".configuration_vanilla_transformer"}

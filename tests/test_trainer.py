@@ -1,0 +1,65 @@
+"""The model trains through the real `Seq2SeqTrainer` and `DataCollatorForSeq2Seq`."""
+
+from __future__ import annotations
+
+from datasets import Dataset
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    DataCollatorForSeq2Seq,
+    PreTrainedTokenizerFast,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+)
+
+from conftest import tiny_model
+
+
+def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+    """A real fast tokenizer over a fixed word list, ids 0-3 for <pad> <s> </s> <unk>."""
+    vocab = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>", *words])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def test_seq2seq_trainer_runs_and_the_loss_falls(tmp_path):
+    words = [f"w{i}" for i in range(40)]
+    tokenizer = word_tokenizer(words)
+    model = tiny_model(vocab_size=len(tokenizer)).train()
+    sources = [" ".join(words[i : i + 3 + i % 4]) for i in range(16)]
+    targets = [" ".join(reversed(s.split())) for s in sources]
+
+    def encode(batch):
+        features = tokenizer(batch["source"], add_special_tokens=False)
+        labels = tokenizer(batch["target"], add_special_tokens=False)["input_ids"]
+        features["labels"] = [[*ids, tokenizer.eos_token_id] for ids in labels]
+        return features
+
+    dataset = Dataset.from_dict({"source": sources, "target": targets}).map(encode, batched=True)
+    dataset = dataset.remove_columns(["source", "target"])
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=5,
+        per_device_train_batch_size=16,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=0,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 5
+    assert losses[-1] < losses[0] - 0.2, losses
