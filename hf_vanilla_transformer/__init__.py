@@ -9,9 +9,12 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from .modeling_vanilla_transformer import (
+    RelativeMaxLengthCriteria,
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
     VanillaTransformerPreTrainedModel,
+    default_generation_config,
+    gnmt_length_penalty,
     label_smoothed_loss,
     shift_tokens_right,
     sinusoidal_positions,
@@ -30,10 +33,13 @@ VanillaTransformerForConditionalGeneration.register_for_auto_class("AutoModelFor
 
 __all__ = [
     "PRESETS",
+    "RelativeMaxLengthCriteria",
     "VanillaTransformerConfig",
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerModel",
     "VanillaTransformerPreTrainedModel",
+    "default_generation_config",
+    "gnmt_length_penalty",
     "label_smoothed_loss",
     "shift_tokens_right",
     "sinusoidal_positions",

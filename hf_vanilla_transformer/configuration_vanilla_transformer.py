@@ -120,15 +120,17 @@ class VanillaTransformerConfig(PreTrainedConfig):
             `"sinusoidal"` (§3.5, computed for any length) or `"learned"` (Table 3 row E).
         sinusoid_layout (`str`, *optional*, defaults to `"interleaved"`):
             `"interleaved"` (the paper: sin at even features, cos at odd) or `"concat"` (`[sin | cos]`).
-        max_position_embeddings (`int`, *optional*, defaults to 1024):
-            Longest sequence with learned positions. Ignored by sinusoidal positions, which have no limit.
+        max_position_embeddings (`int`, *optional*):
+            Longest sequence with learned positions; required by them. Sinusoidal positions have no limit and
+            leave it `None`.
         init_std (`float`, *optional*):
             Standard deviation of the embedding initialisation; `None` means d_model^-0.5 as in the reference
             implementations (tensor2tensor, fairseq).
         use_cache (`bool`, *optional*, defaults to `True`):
             Return the encoder-decoder key/value cache.
-        pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`, *optional*, defaults to 0, 1, 2, 1):
-            Special tokens. Decoding starts from `decoder_start_token_id` (the tokenizer's `<s>`).
+        pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`, *optional*, defaults to 1, 0, 2, 0):
+            Special tokens, in fairseq's layout (`<s>`=0, `<pad>`=1, `</s>`=2, `<unk>`=3). Decoding starts from
+            `decoder_start_token_id` (the tokenizer's `<s>`).
     """
 
     model_type = "vanilla_transformer"
@@ -162,14 +164,16 @@ class VanillaTransformerConfig(PreTrainedConfig):
     pre_layer_norm: bool = False
     position_embedding_type: str = "sinusoidal"
     sinusoid_layout: str = "interleaved"
-    max_position_embeddings: int = 1024
+    max_position_embeddings: int | None = None
     init_std: float | None = None
     use_cache: bool = True
     is_encoder_decoder: bool = True
-    pad_token_id: int | None = 0
-    bos_token_id: int | None = 1
+    # fairseq's layout: <s>=0, <pad>=1, </s>=2, <unk>=3. A padding id of 0 would make transformers' beam search
+    # fill finished rows with </s> instead of <pad> (it tests `pad_token_id or eos_token_id`).
+    pad_token_id: int | None = 1
+    bos_token_id: int | None = 0
     eos_token_id: int | None = 2
-    decoder_start_token_id: int | None = 1
+    decoder_start_token_id: int | None = 0
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -206,7 +210,6 @@ class VanillaTransformerConfig(PreTrainedConfig):
             "decoder_attention_heads",
             "encoder_ffn_dim",
             "decoder_ffn_dim",
-            "max_position_embeddings",
         ):
             if not is_int(getattr(self, name)) or getattr(self, name) < 1:
                 fail(name, "a positive integer")
@@ -235,6 +238,11 @@ class VanillaTransformerConfig(PreTrainedConfig):
             fail("init_std", "None (d_model^-0.5) or a positive number")
         if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
             fail("position_embedding_type", f"one of {POSITION_EMBEDDING_TYPES}")
+        learned = self.position_embedding_type == "learned"
+        if (learned or self.max_position_embeddings is not None) and (
+            not is_int(self.max_position_embeddings) or self.max_position_embeddings < 1
+        ):
+            fail("max_position_embeddings", "a positive integer (learned positions need one)")
         if self.sinusoid_layout not in SINUSOID_LAYOUTS:
             fail("sinusoid_layout", f"one of {SINUSOID_LAYOUTS}")
         for name in ("scale_embedding", "tie_word_embeddings", "pre_layer_norm"):

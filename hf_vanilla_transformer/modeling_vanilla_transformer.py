@@ -21,7 +21,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.generation import GenerationConfig, GenerationMixin
+from transformers.generation import GenerationConfig, GenerationMixin, StoppingCriteria, StoppingCriteriaList
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -663,6 +663,34 @@ def label_smoothed_loss(
     return loss / num_items_in_batch
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Decoding rules of §6.1
+# ---------------------------------------------------------------------------------------------------------------------
+
+LENGTH_PENALTY_TYPES = ("gnmt", "hf")
+
+
+def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | torch.Tensor:
+    """lp(Y) = ((5 + |Y|) / 6)^alpha, the length penalty of GNMT (Wu et al. 2016) that §6.1 uses with alpha = 0.6."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+class RelativeMaxLengthCriteria(StoppingCriteria):
+    """Stops sentence i once it has `limits[i]` new tokens: "input length + 50" (§6.1) as a per-sentence rule.
+
+    Rows are grouped by sentence (beams and returned sequences of one sentence are consecutive), so row r belongs
+    to sentence r // (rows / batch), as in every decoding loop of `GenerationMixin`.
+    """
+
+    def __init__(self, limits: torch.Tensor, prompt_length: int):
+        self.limits = limits  # (B,) new tokens allowed per sentence
+        self.prompt_length = prompt_length  # decoder tokens present before the first generated one
+
+    def __call__(self, input_ids: torch.LongTensor, scores=None, **kwargs) -> torch.BoolTensor:
+        per_row = self.limits.to(input_ids.device).repeat_interleave(input_ids.shape[0] // self.limits.shape[0])
+        return (input_ids.shape[1] - self.prompt_length) >= per_row  # (rows,)
+
+
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
     """The Transformer for translation: encoder-decoder, output projection tied to the embeddings, softmax (§3.4)."""
 
@@ -759,11 +787,109 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             encoder_attentions=outputs.encoder_attentions,
         )
 
+    # --- decoding (§6.1) ------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        inputs: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        logits_processor=None,
+        stopping_criteria: StoppingCriteriaList | None = None,
+        **kwargs,
+    ):
+        """`GenerationMixin.generate` with the paper's length rules on top.
+
+        `relative_max_length=N` (default 50 from the generation config; `None` turns it off) lets each sentence
+        produce at most its own number of real source tokens + N; `max_new_tokens` or `max_length`, when passed,
+        still cap every sentence. `length_penalty_type="gnmt"` (default) or `"hf"` chooses how beam search
+        normalises finished hypotheses by length, with `length_penalty` as alpha.
+        """
+        config = generation_config if generation_config is not None else self.generation_config
+        relative = kwargs.pop("relative_max_length", getattr(config, "relative_max_length", None))
+        penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "hf"))
+        if penalty_type not in LENGTH_PENALTY_TYPES:
+            raise ValueError(
+                f"length_penalty_type={penalty_type!r} is invalid; expected one of {LENGTH_PENALTY_TYPES}."
+            )
+        if relative is not None:
+            if isinstance(relative, bool) or not isinstance(relative, int) or relative < 0:
+                raise ValueError(f"relative_max_length={relative!r} is invalid; expected None or an integer >= 0.")
+            limits = self._source_lengths(inputs, kwargs) + relative  # (B,)
+            prompt = kwargs.get("decoder_input_ids")
+            prompt_length = 1
+            if prompt is not None:
+                starts_right = bool((prompt[:, 0] == self.config.decoder_start_token_id).all())
+                prompt_length = prompt.shape[1] + (0 if starts_right else 1)
+            criteria = StoppingCriteriaList([RelativeMaxLengthCriteria(limits, prompt_length)])
+            stopping_criteria = criteria + (stopping_criteria or [])
+            user_cap = "max_new_tokens" in kwargs or "max_length" in kwargs or config.max_new_tokens is not None
+            if not user_cap:
+                kwargs["max_new_tokens"] = int(limits.max())
+        self._length_penalty_type = penalty_type
+        try:
+            return super().generate(
+                inputs,
+                generation_config=generation_config,
+                logits_processor=logits_processor,
+                stopping_criteria=stopping_criteria,
+                **kwargs,
+            )
+        finally:
+            del self._length_penalty_type
+
+    def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor:
+        """Real (non-padding) source tokens per sentence, from the attention mask, else from the padding id."""
+        mask = kwargs.get("attention_mask")
+        if mask is not None and mask.dim() == 2:
+            return mask.sum(-1).long()
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if ids is not None:
+            _check_ids("input_ids", ids, self.config.vocab_size)
+            return (ids != self.config.pad_token_id).sum(-1).long()
+        encoder_outputs = kwargs.get("encoder_outputs")
+        if encoder_outputs is not None:
+            states = encoder_outputs[0]
+            return torch.full((states.shape[0],), states.shape[1], dtype=torch.long, device=states.device)
+        raise ValueError("generate() needs input_ids, or encoder_outputs with an attention_mask.")
+
+    def _gnmt_alpha(self, length_penalty: float) -> float | None:
+        """alpha when the running generate() call ranks hypotheses with GNMT's penalty, else None."""
+        return length_penalty if getattr(self, "_length_penalty_type", "hf") == "gnmt" else None
+
+    def _update_finished_beams(self, **kwargs):
+        # GNMT: finished hypotheses are ranked by log P(Y) / ((5 + |Y|) / 6)^alpha; HF would divide by |Y|^alpha.
+        alpha = self._gnmt_alpha(kwargs["length_penalty"])
+        if alpha is not None:
+            length = kwargs["cur_len"] + 1 - kwargs["decoder_prompt_len"]
+            kwargs["topk_log_probs"] = kwargs["topk_log_probs"] / gnmt_length_penalty(length, alpha)
+            kwargs["length_penalty"] = 0.0
+        return super()._update_finished_beams(**kwargs)
+
+    def _check_early_stop_heuristic(self, **kwargs):
+        # The same bound as HF's, with GNMT's penalty: for early_stopping="never" the best a running hypothesis can
+        # still reach is its score divided by lp(longest allowed length), as in tensor2tensor's `stop_early`.
+        alpha = self._gnmt_alpha(kwargs["length_penalty"])
+        if alpha is not None:
+            longest = kwargs["early_stopping"] == "never" and alpha > 0.0
+            length = (kwargs["max_length"] if longest else kwargs["cur_len"]) - kwargs["decoder_prompt_len"]
+            kwargs["running_beam_scores"] = kwargs["running_beam_scores"] / gnmt_length_penalty(length, alpha)
+            kwargs["length_penalty"] = 0.0
+        return GenerationMixin._check_early_stop_heuristic(**kwargs)
+
 
 def default_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
-    """The decoding defaults of a new model: beam search with 4 beams (§6.1)."""
+    """The paper's decoding (§6.1) as the default of every new and saved model.
+
+    Beam search with 4 beams; hypotheses ranked by log P(Y) / lp(Y) with GNMT's lp(Y) = ((5 + |Y|) / 6)^0.6
+    (`length_penalty_type="gnmt"`, `length_penalty=0.6`); at most input length + 50 tokens per sentence
+    (`relative_max_length=50`); a sentence's search ends once it has 4 finished hypotheses (`early_stopping=True`).
+    """
     return GenerationConfig(
         num_beams=4,
+        length_penalty=0.6,
+        length_penalty_type="gnmt",
+        relative_max_length=50,
         early_stopping=True,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
@@ -773,9 +899,12 @@ def default_generation_config(config: VanillaTransformerConfig) -> GenerationCon
 
 
 __all__ = [
+    "RelativeMaxLengthCriteria",
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerModel",
     "VanillaTransformerPreTrainedModel",
+    "default_generation_config",
+    "gnmt_length_penalty",
     "label_smoothed_loss",
     "shift_tokens_right",
     "sinusoidal_positions",

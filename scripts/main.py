@@ -15,7 +15,9 @@ def main() -> None:
     torch.manual_seed(0)
     model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig()).eval()
     params = sum(p.numel() for p in model.parameters())
-    print(f"paper base model: {params / 1e6:.1f}M parameters, shared embedding {tuple(model.model.shared.weight.shape)}")
+    print(
+        f"paper base model: {params / 1e6:.1f}M parameters, shared embedding {tuple(model.model.shared.weight.shape)}"
+    )
     source = torch.randint(3, model.config.vocab_size, (2, 12))
     print("beam search (untrained weights):", model.generate(source, max_new_tokens=8).tolist())
 

@@ -8,7 +8,7 @@ import torch
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
 
-PAD, BOS, EOS = 0, 1, 2
+BOS, PAD, EOS = 0, 1, 2
 
 
 def tiny_config(**overrides) -> VanillaTransformerConfig:

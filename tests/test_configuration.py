@@ -41,6 +41,7 @@ def test_options_beyond_the_paper_are_single_fields():
         pre_layer_norm=True,
         sinusoid_layout="concat",
         position_embedding_type="learned",
+        max_position_embeddings=512,
         tie_word_embeddings=False,
         d_k=32,
         d_v=48,
@@ -71,6 +72,7 @@ def test_options_beyond_the_paper_are_single_fields():
         ("position_embedding_type", "rotary"),
         ("sinusoid_layout", "sideways"),
         ("max_position_embeddings", 0),
+        ("max_position_embeddings", -5),
         ("pre_layer_norm", "yes"),
         ("pad_token_id", 37000),
         ("eos_token_id", -1),
@@ -80,6 +82,12 @@ def test_options_beyond_the_paper_are_single_fields():
 def test_invalid_values_raise_value_error_naming_them(field, value):
     with pytest.raises(ValueError, match=field):
         VanillaTransformerConfig(**{field: value})
+
+
+def test_learned_positions_need_a_maximum():
+    with pytest.raises(ValueError, match="max_position_embeddings=None"):
+        VanillaTransformerConfig(position_embedding_type="learned")
+    assert VanillaTransformerConfig(position_embedding_type="learned", max_position_embeddings=256)
 
 
 def test_heads_need_not_divide_d_model_with_explicit_head_sizes():

@@ -15,8 +15,8 @@ from conftest import tiny_model
 
 
 def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
-    """A real fast tokenizer over a fixed word list, ids 0-3 for <pad> <s> </s> <unk>."""
-    vocab = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>", *words])}
+    """A real fast tokenizer over a fixed word list, ids 0-3 for <s> <pad> </s> <unk>."""
+    vocab = {token: i for i, token in enumerate(["<s>", "<pad>", "</s>", "<unk>", *words])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(

@@ -1,0 +1,230 @@
+"""Decoding as §6.1: beam 4, GNMT length penalty, at most input length + 50 tokens, early stopping."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration, gnmt_length_penalty
+
+from conftest import BOS, EOS, PAD, random_ids, tiny_model
+
+
+def sequence_log_prob(model, source: torch.Tensor, sequence: torch.Tensor) -> tuple[float, int]:
+    """Sum of log P(y_t | y_<t, x) over the generated tokens of `sequence` (start token first, padding after)."""
+    tokens = sequence[1:]
+    if (tokens == EOS).any():
+        tokens = tokens[: int((tokens == EOS).nonzero()[0]) + 1]
+    with torch.no_grad():
+        logits = model(input_ids=source[None], decoder_input_ids=sequence[None, : len(tokens)]).logits[0]
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    return log_probs.gather(-1, tokens[:, None]).sum().item(), len(tokens)
+
+
+def test_default_generation_config_is_the_paper():
+    config = tiny_model().generation_config
+    assert config.num_beams == 4
+    assert config.length_penalty == 0.6 and config.length_penalty_type == "gnmt"
+    assert config.relative_max_length == 50
+    assert config.early_stopping is True
+    assert config.decoder_start_token_id == BOS and config.eos_token_id == EOS and config.pad_token_id == PAD
+
+
+@pytest.mark.parametrize("num_return_sequences", [1, 3])
+def test_sequences_scores_are_gnmt_normalised_log_probs(num_return_sequences):
+    model = tiny_model(seed=3)
+    sources = random_ids(4, 6, seed=11)
+    sources[2, 4:] = PAD
+    mask = (sources != PAD).long()
+    out = model.generate(
+        sources,
+        attention_mask=mask,
+        max_new_tokens=7,
+        num_return_sequences=num_return_sequences,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.shape[0] == 4 * num_return_sequences
+    matched_hf = 0
+    for row, sequence in enumerate(out.sequences):
+        index = row // num_return_sequences
+        source = sources[index, : int(mask[index].sum())]
+        log_prob, length = sequence_log_prob(model, source, sequence)
+        expected = log_prob / gnmt_length_penalty(length, 0.6)
+        assert out.sequences_scores[row].item() == pytest.approx(expected, abs=1e-4)
+        matched_hf += abs(out.sequences_scores[row].item() - log_prob / length**0.6) < 1e-4
+    assert matched_hf == 0  # the scores are not HF's |Y|^alpha ones
+
+
+def test_hf_length_penalty_is_still_available():
+    model = tiny_model(seed=3)
+    sources = random_ids(2, 6, seed=11)
+    out = model.generate(
+        sources, max_new_tokens=7, length_penalty_type="hf", output_scores=True, return_dict_in_generate=True
+    )
+    for row, sequence in enumerate(out.sequences):
+        log_prob, length = sequence_log_prob(model, sources[row], sequence)
+        assert out.sequences_scores[row].item() == pytest.approx(log_prob / length**0.6, abs=1e-4)
+    with pytest.raises(ValueError, match="length_penalty_type='linear'"):
+        model.generate(sources, length_penalty_type="linear")
+
+
+def test_an_exhaustive_beam_finds_the_brute_force_best_under_gnmt():
+    # Tokens 3, 4, 5 only (pad and bos suppressed), at most 3 new tokens: 1 + 3 + 9 sequences end with EOS and 27
+    # stop at the length limit. A beam of 27 keeps every prefix alive, so beam search must find the best of all 40.
+    model = tiny_model(seed=5, vocab_size=6)
+    for seed in range(3):
+        source = random_ids(1, 4, vocab=6, seed=seed)
+        out = model.generate(
+            source,
+            num_beams=27,
+            max_new_tokens=3,
+            suppress_tokens=[PAD, BOS],
+            relative_max_length=None,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        candidates = []
+        for length in range(4):
+            for body in itertools.product([3, 4, 5], repeat=length):
+                ending = [EOS] if length < 3 else []
+                candidates.append(torch.tensor([BOS, *body, *ending]))
+        scored = []
+        for candidate in candidates:
+            log_prob, length = sequence_log_prob(model, source[0], candidate)
+            scored.append((log_prob / gnmt_length_penalty(length, 0.6), candidate))
+        best_score, best = max(scored, key=lambda item: item[0])
+        found = out.sequences[0][: len(best)]
+        assert torch.equal(found, best), (found, best)
+        assert out.sequences_scores[0].item() == pytest.approx(best_score, abs=1e-4)
+
+
+class SuppressEos(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+        scores[:, EOS] = -float("inf")
+        return scores
+
+
+class EosAfter(LogitsProcessor):
+    """Makes EOS overwhelmingly likely once `n` tokens have been generated."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __call__(self, input_ids, scores):
+        if input_ids.shape[1] - 1 >= self.n:
+            scores[:, EOS] += 100.0
+        return scores
+
+
+def new_token_counts(sequences: torch.Tensor) -> list[int]:
+    """Generated tokens per row, the end-of-sentence token included, padding not."""
+    return [int((row[1:] != PAD).sum()) for row in sequences]
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_each_sentence_stops_at_its_source_length_plus_50(num_beams):
+    model = tiny_model(seed=1)
+    sources = torch.full((2, 20), PAD)
+    sources[0, :5] = random_ids(1, 5, seed=1)[0]
+    sources[1] = random_ids(1, 20, seed=2)[0]
+    mask = (sources != PAD).long()
+    out = model.generate(
+        sources,
+        attention_mask=mask,
+        num_beams=num_beams,
+        logits_processor=LogitsProcessorList([SuppressEos()]),
+        suppress_tokens=[PAD],
+    )
+    assert new_token_counts(out) == [55, 70]
+    assert out.shape[1] == 1 + 70
+
+
+def test_source_length_comes_from_padding_without_a_mask():
+    model = tiny_model(seed=1)
+    sources = torch.full((2, 8), PAD)
+    sources[0, :3] = torch.tensor([5, 6, 7])
+    sources[1] = random_ids(1, 8, seed=4)[0]
+    out = model.generate(
+        sources, num_beams=1, relative_max_length=4, suppress_tokens=[PAD, EOS], attention_mask=(sources != PAD).long()
+    )
+    assert new_token_counts(out) == [7, 12]
+    out = model.generate(sources, num_beams=1, relative_max_length=4, suppress_tokens=[PAD, EOS])
+    assert new_token_counts(out) == [7, 12]
+
+
+def test_max_new_tokens_still_caps_every_sentence():
+    model = tiny_model(seed=1)
+    sources = random_ids(2, 5)
+    out = model.generate(
+        sources, max_new_tokens=9, logits_processor=LogitsProcessorList([SuppressEos()]), suppress_tokens=[PAD]
+    )
+    assert new_token_counts(out) == [9, 9]
+    out = model.generate(sources, relative_max_length=None, max_new_tokens=60, suppress_tokens=[PAD, EOS])
+    assert new_token_counts(out) == [60, 60]
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_early_stopping_when_eos_comes(num_beams):
+    model = tiny_model(seed=1)
+    sources = random_ids(2, 10)
+    out = model.generate(sources, num_beams=num_beams, logits_processor=LogitsProcessorList([EosAfter(3)]))
+    assert out.shape[1] <= 1 + 4  # stopped at EOS, far below 10 + 50
+    assert (out[:, 1:] == EOS).any(dim=1).all()
+
+
+def test_greedy_sampling_and_other_beams_per_call():
+    model = tiny_model(seed=1)
+    sources = random_ids(3, 6)
+    greedy = model.generate(sources, num_beams=1, do_sample=False, max_new_tokens=6)
+    step = sources.new_full((3, 1), BOS)
+    with torch.no_grad():
+        for _ in range(6):
+            logits = model(input_ids=sources, decoder_input_ids=step).logits[:, -1]
+            step = torch.cat([step, logits.argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(greedy, step)
+    torch.manual_seed(0)
+    sampled = model.generate(sources, do_sample=True, num_beams=1, max_new_tokens=6)
+    assert sampled.shape == (3, 7)
+    wide = model.generate(sources, num_beams=8, num_return_sequences=8, max_new_tokens=6)
+    assert wide.shape[0] == 24
+
+
+def test_relative_max_length_is_checked():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="relative_max_length=-1"):
+        model.generate(random_ids(1, 4), relative_max_length=-1)
+
+
+def test_save_load_and_remote_code_keep_the_defaults(tmp_path):
+    from test_remote_code import run_without_package
+
+    model = tiny_model(seed=2)
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    loaded = VanillaTransformerForConditionalGeneration.from_pretrained(folder)
+    assert loaded.generation_config.to_diff_dict() == model.generation_config.to_diff_dict()
+    sources = random_ids(2, 5)
+    expected = model.generate(sources, output_scores=True, return_dict_in_generate=True)
+    torch.save(sources, tmp_path / "sources.pt")
+    result = run_without_package(
+        f"""
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(folder)!r}, trust_remote_code=True)
+        config = model.generation_config
+        out = model.generate(torch.load("sources.pt"), output_scores=True, return_dict_in_generate=True)
+        torch.save({{"defaults": (config.num_beams, config.length_penalty, config.length_penalty_type,
+                                  config.relative_max_length, config.early_stopping),
+                    "sequences": out.sequences, "scores": out.sequences_scores}}, "remote.pt")
+        """,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    remote = torch.load(tmp_path / "remote.pt")
+    assert remote["defaults"] == (4, 0.6, "gnmt", 50, True)
+    assert torch.equal(remote["sequences"], expected.sequences)
+    assert torch.allclose(remote["scores"], expected.sequences_scores)
