@@ -1,0 +1,425 @@
+"""The paper's training recipe (§5) through `transformers.Seq2SeqTrainer`.
+
+* Adam with beta1 0.9, beta2 0.98, epsilon 1e-9, no weight decay, no gradient clipping (§5.3);
+* lrate = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1 (§5.3);
+* label smoothing 0.1 (§5.4) in the model's loss, normalised by the target tokens of the whole update across
+  processes and accumulation steps (`Trainer`'s `num_items_in_batch`);
+* batches of about N source + N target tokens by approximate length (§5.1), `gradient_accumulation_steps`
+  chosen so that an update holds `tokens_per_update` tokens;
+* checkpoints every `save_minutes` (the paper: 10) or every `save_steps`; evaluation with beam search.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+from datasets import DatasetDict
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader
+from transformers import (
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    PreTrainedTokenizerFast,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    TrainerCallback,
+)
+
+from .batching import TokenBudgetBatchSampler, accumulation_steps
+from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from .data import load_corpus
+from .metrics import seq2seq_bleu_metrics
+from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from .tokenization import check_special_tokens, corpus_texts, tokenize_corpus, train_bpe_tokenizer
+
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelDataArguments:
+    """What to train and on what: model size, corpus, vocabulary, sequence limits."""
+
+    preset: str = field(default="small", metadata={"help": f"Model size: one of {sorted(PRESETS)}."})
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Fine-tune this saved model (folder or Hub id) with its own tokenizer instead of a preset."},
+    )
+    dataset: str = field(
+        default="libreoffice-help",
+        metadata={"help": "libreoffice-help (default), libreoffice-ui, or wmt14 (needs the Hugging Face Hub)."},
+    )
+    source_lang: str = field(default="en", metadata={"help": "Source language code."})
+    target_lang: str = field(default="de", metadata={"help": "Target language code (e.g. de, fr)."})
+    data_files: str | None = field(
+        default=None, metadata={"help": "Local training pairs: a TSV, a JSONL, or 'src.txt,tgt.txt'."}
+    )
+    validation_files: str | None = field(default=None, metadata={"help": "Local validation pairs, as data_files."})
+    test_files: str | None = field(default=None, metadata={"help": "Local test pairs, as data_files."})
+    data_cache_dir: str | None = field(default=None, metadata={"help": "Where corpora are cached."})
+    vocab_size: int = field(default=8000, metadata={"help": "Size of the shared BPE vocabulary (§5.1)."})
+    max_length: int = field(default=256, metadata={"help": "Training pairs longer than this (tokens) are dropped."})
+    max_tokens: int = field(
+        default=4096, metadata={"help": "Padded source tokens (and as many target tokens) per batch (§5.1)."}
+    )
+    tokens_per_update: int | None = field(
+        default=None,
+        metadata={"help": "Source tokens per update; sets gradient accumulation (the paper: 25000 per step)."},
+    )
+    lr_scale: float = field(default=1.0, metadata={"help": "Factor on the §5.3 learning-rate schedule."})
+    dropout: float | None = field(default=None, metadata={"help": "Override P_drop of the preset."})
+    label_smoothing: float | None = field(default=None, metadata={"help": "Override epsilon_ls (0.1)."})
+    save_minutes: float | None = field(
+        default=None, metadata={"help": "Also save a checkpoint every this many minutes (the paper: 10)."}
+    )
+    average_last: int = field(
+        default=5, metadata={"help": "Average the last N checkpoints into the final model (§6.1); 1 keeps the last."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Evaluate on at most this many validation pairs during training."}
+    )
+    test_beams: int = field(default=4, metadata={"help": "Beam size for the final test evaluation (§6.1: 4)."})
+
+
+@dataclass
+class TransformerTrainingArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` with the paper's defaults (§5.3) instead of transformers' ones."""
+
+    output_dir: str | None = field(default="runs/transformer", metadata={"help": "Where checkpoints and the model go."})
+    adam_beta2: float = field(default=0.98, metadata={"help": "Adam beta2 (§5.3: 0.98)."})
+    adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam epsilon (§5.3: 1e-9)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "No weight decay in the paper."})
+    max_grad_norm: float = field(default=0.0, metadata={"help": "No gradient clipping in the paper (0 = off)."})
+    warmup_steps: float = field(default=4000, metadata={"help": "Warmup steps of the §5.3 schedule (4000)."})
+    logging_steps: float = field(default=50, metadata={"help": "Log every N updates."})
+    save_steps: float = field(default=1000, metadata={"help": "Save a checkpoint every N updates."})
+    predict_with_generate: bool = field(default=True, metadata={"help": "Evaluate BLEU with generate()."})
+    generation_num_beams: int | None = field(default=4, metadata={"help": "Beams for evaluation (§6.1: 4)."})
+    dataloader_num_workers: int = field(default=0, metadata={"help": "Data loading workers."})
+    per_device_eval_batch_size: int = field(default=64, metadata={"help": "Sentences per evaluation batch."})
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Schedule, callbacks, trainer
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def noam_factor(step: int, warmup_steps: int) -> float:
+    """min(step^-0.5, step * warmup^-1.5) for the optimizer's `step`-th update (1-based), §5.3 eq. 3."""
+    step = max(step, 1)
+    return min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def noam_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> LambdaLR:
+    """LambdaLR whose factor at scheduler step s (0 before the first update) is that of update s + 1."""
+    if warmup_steps < 1:
+        raise ValueError(f"warmup_steps={warmup_steps} is invalid; the §5.3 schedule needs at least 1.")
+    return LambdaLR(optimizer, partial(_noam_lambda, warmup_steps=int(warmup_steps)))
+
+
+def _noam_lambda(step: int, warmup_steps: int) -> float:
+    return noam_factor(step + 1, warmup_steps)
+
+
+class SaveEveryCallback(TrainerCallback):
+    """Save a checkpoint whenever `minutes` have passed since the last one (§6.1: every 10 minutes).
+
+    The decision is the main process's, broadcast to the others, so that every process saves at the same step.
+    """
+
+    def __init__(self, minutes: float):
+        if minutes <= 0:
+            raise ValueError(f"save_minutes={minutes} is invalid; expected a positive number of minutes.")
+        self.seconds = minutes * 60
+        self.last = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        due = time.monotonic() - self.last >= self.seconds
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([int(due)], device=args.device)
+            torch.distributed.broadcast(flag, src=0)
+            due = bool(flag.item())
+        if due:
+            control.should_save = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        self.last = time.monotonic()
+
+
+class TransformerTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` with token-budget batches (§5.1) and the §5.3 learning-rate schedule.
+
+    `batch_sampler` (a `TokenBudgetBatchSampler`) replaces the fixed batch size for training; evaluation batches
+    are sorted by length too, so that beam search wastes little on padding.
+    """
+
+    def __init__(self, *args, batch_sampler: TokenBudgetBatchSampler | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batch_sampler = batch_sampler
+
+    def get_train_dataloader(self) -> DataLoader:
+        if self.batch_sampler is None:
+            return super().get_train_dataloader()
+        dataset = self._remove_unused_columns(self.train_dataset, description="Training")
+        loader = DataLoader(
+            dataset,
+            batch_sampler=self.batch_sampler,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory and torch.cuda.is_available(),
+        )
+        # accelerate gives each process every num_processes-th batch; Trainer calls set_epoch on our sampler.
+        return self.accelerator.prepare(loader)
+
+    def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(dataset, str) or dataset is None or "input_ids" not in dataset.column_names:
+            return super().get_eval_dataloader(eval_dataset)
+        dataset = self._remove_unused_columns(dataset, description="Evaluation")
+        lengths = [len(ids) for ids in dataset["input_ids"]]
+        budget = self.args.per_device_eval_batch_size * max(1, int(sum(lengths) / len(lengths)))
+        sampler = TokenBudgetBatchSampler(lengths, lengths, max_tokens=budget, shuffle=False)
+        loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=self.data_collator)
+        return self.accelerator.prepare(loader)
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        if self.lr_scheduler is None:
+            optimizer = optimizer if optimizer is not None else self.optimizer
+            self.lr_scheduler = noam_schedule(optimizer, int(self.args.warmup_steps))
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The pipeline: corpus -> tokenizer -> model -> Trainer
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def build_tokenizer(recipe: ModelDataArguments, corpus: DatasetDict, output_dir: Path) -> PreTrainedTokenizerFast:
+    """The model's own tokenizer when fine-tuning; else the one of an interrupted run in `output_dir`; else a new
+    shared BPE learned on the training split (§5.1)."""
+    if recipe.model_name_or_path:
+        return AutoTokenizer.from_pretrained(recipe.model_name_or_path)
+    saved = output_dir / "tokenizer"
+    if (saved / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(saved)
+    tokenizer = train_bpe_tokenizer(corpus_texts(corpus, "train"), vocab_size=recipe.vocab_size)
+    tokenizer.save_pretrained(saved)
+    return tokenizer
+
+
+def build_model(recipe: ModelDataArguments, tokenizer) -> VanillaTransformerForConditionalGeneration:
+    """A new model of the preset's size with the tokenizer's vocabulary, or the saved model to fine-tune."""
+    overrides = {}
+    if recipe.dropout is not None:
+        overrides["dropout"] = recipe.dropout
+    if recipe.label_smoothing is not None:
+        overrides["label_smoothing"] = recipe.label_smoothing
+    if recipe.model_name_or_path:
+        model = VanillaTransformerForConditionalGeneration.from_pretrained(recipe.model_name_or_path, **overrides)
+    else:
+        config = VanillaTransformerConfig.from_preset(
+            recipe.preset,
+            vocab_size=len(tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.bos_token_id,
+            **overrides,
+        )
+        model = VanillaTransformerForConditionalGeneration(config)
+    check_special_tokens(tokenizer, model.config)
+    return model
+
+
+def prepare_run(recipe: ModelDataArguments, args: TransformerTrainingArguments):
+    """Everything `Trainer` needs, built from the two argument dataclasses. Returns (trainer, tokenizer, corpus)."""
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    corpus = load_corpus(
+        recipe.dataset,
+        recipe.source_lang,
+        recipe.target_lang,
+        recipe.data_files,
+        recipe.validation_files,
+        recipe.test_files,
+        recipe.data_cache_dir,
+    )
+    tokenizer = build_tokenizer(recipe, corpus, output_dir)
+    encoded = tokenize_corpus(corpus, tokenizer, max_length=recipe.max_length)
+    model = build_model(recipe, tokenizer)
+
+    train = encoded["train"]
+    sampler = TokenBudgetBatchSampler(
+        [len(ids) for ids in train["input_ids"]],
+        [len(ids) for ids in train["labels"]],
+        max_tokens=recipe.max_tokens,
+        seed=args.seed,
+    )
+    args.gradient_accumulation_steps = max(
+        args.gradient_accumulation_steps,
+        accumulation_steps(recipe.tokens_per_update, recipe.max_tokens, args.world_size),
+    )
+    # The §5.3 schedule: peak lr_scale * d_model^-0.5 * warmup^-0.5 at the end of warmup.
+    args.learning_rate = recipe.lr_scale * model.config.d_model**-0.5
+    evaluation = encoded.get("validation")
+    if evaluation is not None and recipe.max_eval_samples is not None:
+        evaluation = evaluation.select(range(min(recipe.max_eval_samples, len(evaluation))))
+    callbacks = [SaveEveryCallback(recipe.save_minutes)] if recipe.save_minutes else []
+    trainer = TransformerTrainer(
+        model=model,
+        args=args,
+        train_dataset=train,
+        eval_dataset=evaluation,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        processing_class=tokenizer,
+        compute_metrics=seq2seq_bleu_metrics(tokenizer),
+        batch_sampler=sampler,
+        callbacks=callbacks,
+    )
+    logger.info(
+        "%d training pairs in %d batches of ~%.0f padded tokens; %d accumulation steps; peak lr %.2e",
+        len(train),
+        len(sampler),
+        sampler.tokens_per_batch(),
+        args.gradient_accumulation_steps,
+        args.learning_rate * noam_factor(int(args.warmup_steps), int(args.warmup_steps)),
+    )
+    return trainer, tokenizer, corpus
+
+
+def latest_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest complete checkpoint folder of a run, for resuming; None if there is none."""
+    from .averaging import checkpoint_folders
+
+    folders = checkpoint_folders(output_dir)
+    return str(folders[-1]) if folders else None
+
+
+def save_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def describe_parameters(model) -> str:
+    count = sum(p.numel() for p in model.parameters())
+    return f"{count / 1e6:.2f}M" if count >= 1e5 else f"{count / 1e3:.1f}k"
+
+
+def epochs_for(max_steps: int, trainer: TransformerTrainer) -> float:
+    per_epoch = max(1, math.ceil(len(trainer.batch_sampler) / trainer.args.gradient_accumulation_steps))
+    return max_steps / per_epoch
+
+
+def hardware_description() -> str:
+    """A short description of where this runs, for the results and the model card."""
+    import platform
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    return (
+        f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), {torch.get_num_threads()} threads"
+    )
+
+
+def train_and_evaluate(
+    recipe: ModelDataArguments, args: TransformerTrainingArguments, command: str = "", examples: int = 5
+) -> dict:
+    """Train, average the last checkpoints, evaluate on the test split with beam search, and leave a complete model
+    folder in `args.output_dir`: weights, config, generation config, tokenizer, remote-code files, `results.json`,
+    `training_log.json` and a `README.md` model card. Resumes from the newest complete checkpoint of the folder.
+    """
+    from .averaging import average_last_checkpoints
+    from .hub import write_model_card
+    from .inference import evaluate_translations
+
+    started = time.time()
+    trainer, tokenizer, corpus = prepare_run(recipe, args)
+    output_dir = Path(args.output_dir)
+    resume = args.resume_from_checkpoint or latest_checkpoint(output_dir)
+    if resume:
+        logger.info("resuming from %s", resume)
+    train_started = time.time()
+    trainer.train(resume_from_checkpoint=resume)
+    train_seconds = time.time() - train_started
+
+    # 1. Average the last checkpoints into the model folder (§6.1).
+    model, averaged = average_last_checkpoints(output_dir, output_dir, last=recipe.average_last)
+    tokenizer.save_pretrained(output_dir)
+    model.to(trainer.args.device)
+
+    # 2. Test BLEU with the paper's beam search.
+    test = corpus["test"] if "test" in corpus else corpus["validation"]
+    sources, references = list(test["source"]), list(test["target"])
+    decode_started = time.time()
+    scores, hypotheses = evaluate_translations(model, tokenizer, sources, references, num_beams=recipe.test_beams)
+    decode_seconds = time.time() - decode_started
+
+    # 3. Results, log and card.
+    steps = trainer.state.global_step
+    results = {
+        "name": output_dir.name,
+        "parameters": describe_parameters(model),
+        "model": model.config.to_dict(),
+        "data": {
+            "dataset": "local files" if recipe.data_files else recipe.dataset,
+            "source_lang": recipe.source_lang,
+            "target_lang": recipe.target_lang,
+            "train_pairs": len(trainer.train_dataset),
+            "validation_pairs": len(corpus["validation"]) if "validation" in corpus else 0,
+            "test_pairs": len(test),
+        },
+        "recipe": {
+            "preset": recipe.preset,
+            "max_tokens": recipe.max_tokens,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "lr_scale": recipe.lr_scale,
+            "warmup_steps": int(args.warmup_steps),
+            "max_length": recipe.max_length,
+            "seed": args.seed,
+            "bf16": args.bf16,
+        },
+        "training": {
+            "steps": steps,
+            "epochs": epochs_for(steps, trainer),
+            "seconds": train_seconds,
+            "final_loss": next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
+        },
+        "averaged_checkpoints": [path.name for path in averaged],
+        "test": {
+            "bleu": scores["score"],
+            "bleu_signature": scores["signature"],
+            "chrf": scores["chrf"],
+            "chrf_signature": scores["chrf_signature"],
+            "tokenized_bleu": scores.get("tokenized_bleu"),
+            "pairs": len(test),
+            "beams": recipe.test_beams,
+            "decode_seconds": decode_seconds,
+        },
+        "examples": [
+            {"source": sources[i], "reference": references[i], "translation": hypotheses[i]}
+            for i in range(min(examples, len(sources)))
+        ],
+        "hardware": hardware_description(),
+        "command": command,
+        "wall_seconds": time.time() - started,
+    }
+    save_json(output_dir / "training_log.json", {"log_history": trainer.state.log_history})
+    save_json(output_dir / "results.json", results)
+    write_model_card(output_dir, results)
+    return results

@@ -1,0 +1,252 @@
+"""Corpus building: LibreOffice help pages (aligned by id, hidden spans dropped, split by file), UI catalogues,
+local parallel files, WMT14 up to the network call, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+
+from hf_vanilla_transformer import data
+from hf_vanilla_transformer.data import (
+    CorpusError,
+    align_help_trees,
+    debian_language,
+    file_split,
+    parse_help_page,
+    read_mo_catalogue,
+    read_parallel_file,
+    split_and_deduplicate,
+    wmt_to_pairs,
+)
+
+
+PAGE = """<!DOCTYPE html><html><head><title>{title}</title></head><body>
+<div id="DisplayArea">
+<h1 id="hd_id1" dir="auto">{heading}</h1>
+<p id="par_id2" class="paragraph">{first} <span class="menuitem">{menu}</span>.</p>
+<p id="par_id3">{platform}<span hidden="true" id="MAC_1" class="MAC">{mac}</span><br>{second}</p>
+<div class="embedded"><p id="par_id2">{embedded}</p></div>
+<p id="bm_id9">not a unit</p>
+<p id="par_id4">&lt;tag&gt; &amp; {entity}</p>
+</div></body></html>"""
+
+ENGLISH = dict(
+    title="Help",
+    heading="Position and Size",
+    first="Choose",
+    menu="Format - Image",
+    platform="Press Ctrl",
+    mac="Press Cmd",
+    second="to copy.",
+    embedded="Embedded text.",
+    entity="more",
+)
+GERMAN = dict(
+    title="Hilfe",
+    heading="Position und Größe",
+    first="Wählen Sie",
+    menu="Format – Bild",
+    platform="Drücken Sie Strg",
+    mac="Drücken Sie Cmd",
+    second="zum Kopieren.",
+    embedded="Eingebetteter Text.",
+    entity="mehr",
+)
+
+
+def write_tree(root: Path, pages: dict[str, dict]) -> Path:
+    for relative, values in pages.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(PAGE.format(**values), encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def help_trees(tmp_path):
+    """Two help trees in the Debian layout: en-US and de, the same files, one file missing in German."""
+    names = [f"text/swriter/01/{i:04d}.html" for i in range(40)]
+    english = {name: {**ENGLISH, "heading": f"Heading {i}"} for i, name in enumerate(names)}
+    german = {name: {**GERMAN, "heading": f"Überschrift {i}"} for i, name in enumerate(names[:-1])}
+    help_root = tmp_path / "usr/share/libreoffice/help"
+    return write_tree(help_root / "en-US", english), write_tree(help_root / "de", german), names
+
+
+def test_units_are_paragraphs_and_headings_without_hidden_spans(help_trees):
+    english_root, _, names = help_trees
+    units = parse_help_page(english_root / names[0])
+    assert units == [
+        ("hd_id1#1", "Heading 0"),
+        ("par_id2#1", "Choose Format - Image."),
+        ("par_id3#1", "Press Ctrl to copy."),  # the hidden Mac variant is gone, <br> is a space
+        ("par_id2#2", "Embedded text."),  # a repeated id is a second unit
+        ("par_id4#1", "<tag> & more"),
+    ]
+
+
+def test_trees_align_by_file_and_id(help_trees):
+    english_root, german_root, names = help_trees
+    rows = list(align_help_trees(english_root, german_root))
+    assert len(rows) == 5 * (len(names) - 1)  # the file missing in German contributes nothing
+    assert (names[0], "Choose Format - Image.", "Wählen Sie Format – Bild.") in rows
+    assert (names[0], "Press Ctrl to copy.", "Drücken Sie Strg zum Kopieren.") in rows
+    assert (names[3], "Heading 3", "Überschrift 3") in rows
+
+
+def test_split_is_by_file_stable_and_held_out(help_trees):
+    english_root, german_root, names = help_trees
+    # The rule: CRC-32 of the relative path modulo 100 (documented in data.py); fixed values guard it.
+    assert file_split("text/shared/01/01010000.html") == file_split("text/shared/01/01010000.html")
+    splits = {name: file_split(name) for name in names}
+    assert set(splits.values()) <= {"train", "validation", "test"}
+    corpus = split_and_deduplicate(align_help_trees(english_root, german_root))
+    # Every heading (unique per file) lands in its file's split.
+    for split in ("train", "validation", "test"):
+        for source in corpus[split]["source"]:
+            if source.startswith("Heading "):
+                assert splits[names[int(source.split()[1])]] == split
+    # Pairs shared by all files occur once, in the first split, and never again in a held-out one.
+    sources = [s for split in ("train", "validation", "test") for s in corpus[split]["source"]]
+    assert len(sources) == len(set(sources))
+    assert "Choose Format - Image." in list(corpus["train"]["source"])
+
+
+def test_fixed_split_assignments():
+    assert [file_split(f"text/scalc/01/{i}.html") for i in range(6)] == [
+        file_split(f"text/scalc/01/{i}.html") for i in range(6)
+    ]
+    import zlib
+
+    bucket = zlib.crc32(b"text/swriter/main0000.html") % 100
+    expected = "test" if bucket < 3 else "validation" if bucket < 5 else "train"
+    assert file_split("text/swriter/main0000.html") == expected
+
+
+def test_language_codes_map_to_debian_names():
+    assert debian_language("de") == ("de", "de")
+    assert debian_language("pt-BR") == ("pt-br", "pt-BR")
+    assert debian_language("zh_cn") == ("zh-cn", "zh-CN")
+    with pytest.raises(ValueError, match="'de fr'"):
+        debian_language("de fr")
+
+
+def write_mo(path: Path, messages: dict[str, str]) -> None:
+    """A GNU .mo catalogue (the format msgfmt writes)."""
+    keys = sorted(messages)
+    ids = b"".join(k.encode() + b"\0" for k in keys)
+    strs = b"".join(messages[k].encode() + b"\0" for k in keys)
+    n, header = len(keys), 7 * 4
+    ids_start = header + 16 * n
+    strs_start = ids_start + len(ids)
+    offsets, position = [], 0
+    for key in keys:
+        offsets.append((len(key.encode()), ids_start + position))
+        position += len(key.encode()) + 1
+    str_offsets, position = [], 0
+    for key in keys:
+        str_offsets.append((len(messages[key].encode()), strs_start + position))
+        position += len(messages[key].encode()) + 1
+    table = b"".join(struct.pack("<II", *o) for o in offsets) + b"".join(struct.pack("<II", *o) for o in str_offsets)
+    path.write_bytes(struct.pack("<7I", 0x950412DE, 0, n, header, header + 8 * n, 0, 0) + table + ids + strs)
+
+
+def test_ui_catalogues_give_english_and_translation(tmp_path):
+    mo = tmp_path / "sw.mo"
+    write_mo(mo, {"": "Content-Type: text/plain; charset=UTF-8\n", "STR_SAVE\x04Save  As": "Speichern unter", "x": ""})
+    assert list(read_mo_catalogue(mo)) == [("Save As", "Speichern unter")]
+
+
+def test_tsv_jsonl_and_aligned_text_files(tmp_path):
+    (tmp_path / "a.tsv").write_text("Hello\tHallo\n\nWorld\tWelt\n", encoding="utf-8")
+    assert list(read_parallel_file(tmp_path / "a.tsv")["target"]) == ["Hallo", "Welt"]
+    (tmp_path / "a.jsonl").write_text(
+        json.dumps({"source": "One", "target": "Eins"})
+        + "\n"
+        + json.dumps({"translation": {"en": "Two", "de": "Zwei"}})
+        + "\n"
+    )
+    assert read_parallel_file(tmp_path / "a.jsonl")["source"] == ["One", "Two"]
+    (tmp_path / "s.txt").write_text("a\nb\n")
+    (tmp_path / "t.txt").write_text("A\nB\n")
+    assert read_parallel_file(tmp_path / "s.txt", tmp_path / "t.txt")["target"] == ["A", "B"]
+    corpus = data.parallel_files_corpus(
+        f"{tmp_path / 's.txt'},{tmp_path / 't.txt'}", validation=str(tmp_path / "a.tsv")
+    )
+    assert set(corpus) == {"train", "validation"}
+
+
+def test_bad_parallel_files_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.tsv"):
+        read_parallel_file(tmp_path / "missing.tsv")
+    (tmp_path / "bad.tsv").write_text("one field only\n")
+    with pytest.raises(ValueError, match=r"bad.tsv:1 has 1 tab-separated fields"):
+        read_parallel_file(tmp_path / "bad.tsv")
+    (tmp_path / "s.txt").write_text("a\nb\n")
+    (tmp_path / "t.txt").write_text("A\n")
+    with pytest.raises(ValueError, match="has 2 lines but .* has 1"):
+        read_parallel_file(tmp_path / "s.txt", tmp_path / "t.txt")
+    (tmp_path / "empty.tsv").write_text("\n")
+    with pytest.raises(CorpusError, match="no sentence pair"):
+        read_parallel_file(tmp_path / "empty.tsv")
+    (tmp_path / "bad.jsonl").write_text('{"src": "x"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1 has no string 'source'"):
+        read_parallel_file(tmp_path / "bad.jsonl")
+
+
+def test_wmt_rows_become_source_and_target():
+    raw = Dataset.from_dict({"translation": [{"de": "Hallo", "en": "Hello"}, {"de": "Welt", "en": "World"}]})
+    pairs = wmt_to_pairs(raw, "en", "de")
+    assert pairs["source"] == ["Hello", "World"] and pairs["target"] == ["Hallo", "Welt"]
+
+
+def test_wmt14_without_the_hub_says_what_to_use(monkeypatch):
+    import datasets
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("no route to huggingface.co")
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    with pytest.raises(CorpusError, match="needs network access to the Hub"):
+        data.wmt14_corpus("en", "de")
+
+
+def test_no_apt_says_which_source_to_use_instead(monkeypatch, tmp_path):
+    monkeypatch.setattr(data.shutil, "which", lambda name: None)
+    with pytest.raises(CorpusError, match="apt-get and dpkg-deb are not available.*--data_files"):
+        data.libreoffice_help_corpus("en", "de", cache_dir=tmp_path)
+
+
+def test_unknown_package_is_named(tmp_path):
+    if data.shutil.which("apt-get") is None:
+        pytest.skip("needs apt-get")
+    with pytest.raises(CorpusError, match="libreoffice-help-xx-nonexistent"):
+        data.fetch_debian_package("libreoffice-help-xx-nonexistent", tmp_path)
+
+
+def test_unknown_dataset_is_named():
+    with pytest.raises(ValueError, match="dataset='europarl'"):
+        data.load_corpus("europarl")
+
+
+def test_an_empty_corpus_says_so(help_trees, tmp_path):
+    english_root, _, _ = help_trees
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    corpus = split_and_deduplicate(align_help_trees(english_root, empty))
+    with pytest.raises(CorpusError, match="no pairs"):
+        data._check_not_empty(corpus, "libreoffice-help-xx")
+
+
+@pytest.mark.slow
+def test_real_debian_fetch_builds_the_en_de_corpus(tmp_path):
+    if data.shutil.which("apt-get") is None:
+        pytest.skip("needs apt-get")
+    corpus = data.libreoffice_help_corpus("en", "de", cache_dir=tmp_path)
+    assert len(corpus["train"]) > 30000 and len(corpus["validation"]) > 300 and len(corpus["test"]) > 500
+    assert not set(corpus["test"]["source"]) & set(corpus["train"]["source"])
+    again = data.libreoffice_help_corpus("en", "de", cache_dir=tmp_path)  # from the on-disk cache
+    assert list(again["test"]["source"]) == list(corpus["test"]["source"])

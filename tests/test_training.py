@@ -1,0 +1,209 @@
+"""The training recipe (§5) through the real Seq2SeqTrainer: schedule, averaging, fine-tuning, learning, the script."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.averaging import average_checkpoints, average_last_checkpoints, checkpoint_folders
+from hf_vanilla_transformer.inference import evaluate_translations
+from hf_vanilla_transformer.training import (
+    ModelDataArguments,
+    TransformerTrainingArguments,
+    noam_factor,
+    noam_schedule,
+    prepare_run,
+)
+
+from conftest import tiny_model
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TRAIN_200 = str(FIXTURES / "libreoffice_help_en_de_200.tsv")
+OTHER_40 = str(FIXTURES / "libreoffice_help_en_de_test_40.tsv")
+ROOT = Path(__file__).parent.parent
+
+
+def test_schedule_equals_the_paper_formula_step_by_step():
+    d_model, warmup = 512, 40
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([parameter], lr=d_model**-0.5)
+    scheduler = noam_schedule(optimizer, warmup)
+    for step_num in range(1, 4 * warmup):
+        expected = d_model**-0.5 * min(step_num**-0.5, step_num * warmup**-1.5)  # §5.3, eq. 3
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-12)
+        optimizer.step()
+        scheduler.step()
+    peak = 512**-0.5 * 4000**-0.5
+    assert noam_factor(4000, 4000) * 512**-0.5 == pytest.approx(peak) and peak == pytest.approx(6.99e-4, rel=1e-3)
+    with pytest.raises(ValueError, match="warmup_steps=0"):
+        noam_schedule(optimizer, 0)
+
+
+def test_training_arguments_default_to_the_paper():
+    args = TransformerTrainingArguments(output_dir="unused")
+    assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon) == (0.9, 0.98, 1e-9)
+    assert args.weight_decay == 0.0 and args.max_grad_norm == 0.0 and args.warmup_steps == 4000
+    assert args.generation_num_beams == 4 and args.predict_with_generate
+
+
+def _save_checkpoint(model, folder: Path) -> Path:
+    model.save_pretrained(folder)
+    (folder / "trainer_state.json").write_text("{}")
+    return folder
+
+
+def test_averaging_two_checkpoints_is_the_elementwise_mean_with_ties_kept(tmp_path):
+    first, second = tiny_model(seed=1), tiny_model(seed=2)
+    a = _save_checkpoint(first, tmp_path / "run" / "checkpoint-10")
+    b = _save_checkpoint(second, tmp_path / "run" / "checkpoint-20")
+    (tmp_path / "run" / "checkpoint-30").mkdir()  # incomplete: no weights, no trainer state
+    assert checkpoint_folders(tmp_path / "run") == [a, b]
+    averaged = average_checkpoints([a, b], tmp_path / "averaged")
+    for (name, x), y, z in zip(
+        first.state_dict().items(), second.state_dict().values(), averaged.state_dict().values(), strict=True
+    ):
+        assert torch.allclose(z, (x + y) / 2, atol=1e-7), name
+    loaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path / "averaged")
+    assert loaded.lm_head.weight is loaded.model.shared.weight is loaded.model.encoder.embed_tokens.weight
+    assert torch.equal(loaded.model.shared.weight, averaged.model.shared.weight)
+    model, used = average_last_checkpoints(tmp_path / "run", tmp_path / "last", last=1)
+    assert used == [b] and torch.equal(model.model.shared.weight, second.model.shared.weight)
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        average_last_checkpoints(tmp_path / "averaged", tmp_path / "x")
+
+
+def _recipe(**overrides) -> ModelDataArguments:
+    values = dict(
+        preset="small",
+        vocab_size=1000,
+        data_files=TRAIN_200,
+        validation_files=TRAIN_200,
+        test_files=TRAIN_200,
+        dropout=0.0,
+        max_tokens=1024,
+        lr_scale=0.25,
+    )
+    return ModelDataArguments(**{**values, **overrides})
+
+
+def _args(tmp_path, **overrides) -> TransformerTrainingArguments:
+    values = dict(
+        output_dir=str(tmp_path),
+        max_steps=300,
+        warmup_steps=100,
+        logging_steps=25,
+        save_steps=300,
+        eval_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+        use_cpu=True,
+    )
+    return TransformerTrainingArguments(**{**values, **overrides})
+
+
+def test_a_small_model_learns_200_real_pairs_by_heart(tmp_path):
+    trainer, tokenizer, corpus = prepare_run(_recipe(), _args(tmp_path))
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert losses[-1] < losses[0] / 3
+    pairs = corpus["train"]
+    scores, hypotheses = evaluate_translations(
+        trainer.model, tokenizer, list(pairs["source"]), list(pairs["target"]), num_beams=1, progress=False
+    )
+    assert scores["score"] > 90, (scores["score"], hypotheses[:5])
+
+
+def test_a_saved_model_fine_tunes_on_other_pairs(tmp_path):
+    trainer, tokenizer, _ = prepare_run(_recipe(), _args(tmp_path / "first", max_steps=20, save_steps=20))
+    trainer.train()
+    saved = tmp_path / "first" / "checkpoint-20"
+    recipe = _recipe(model_name_or_path=str(saved), data_files=OTHER_40, validation_files=OTHER_40, test_files=OTHER_40)
+    trainer, tokenizer, _ = prepare_run(
+        recipe, _args(tmp_path / "second", max_steps=40, warmup_steps=40, logging_steps=5)
+    )
+    assert trainer.model.config.vocab_size == 1000  # the saved model's vocabulary and tokenizer, not new ones
+    assert tokenizer("Save")["input_ids"] == trainer.processing_class("Save")["input_ids"]
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_the_train_script_leaves_a_complete_model_folder(tmp_path):
+    output = tmp_path / "run"
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "train.py"),
+        "--preset",
+        "tiny",
+        "--max_steps",
+        "30",
+        "--output_dir",
+        str(output),
+        "--data_files",
+        TRAIN_200,
+        "--validation_files",
+        OTHER_40,
+        "--test_files",
+        OTHER_40,
+        "--vocab_size",
+        "500",
+        "--save_steps",
+        "10",
+        "--average_last",
+        "3",
+        "--disable_tqdm",
+        "true",
+        "--test_beams",
+        "2",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "modeling_vanilla_transformer.py",
+        "configuration_vanilla_transformer.py",
+        "results.json",
+        "README.md",
+        "training_log.json",
+    ):
+        assert (output / name).exists(), name
+    results = json.loads((output / "results.json").read_text())
+    assert results["averaged_checkpoints"] == ["checkpoint-10", "checkpoint-20", "checkpoint-30"]
+    assert results["training"]["steps"] == 30 and results["test"]["pairs"] == 40
+    assert math.isfinite(results["test"]["bleu"]) and "nrefs:1" in results["test"]["bleu_signature"]
+    assert f"value: {round(results['test']['bleu'], 2)}" in (output / "README.md").read_text()
+    assert "test sacreBLEU" in result.stdout
+    model = VanillaTransformerForConditionalGeneration.from_pretrained(output)
+    assert model.generation_config.num_beams == 4
+
+
+@pytest.mark.slow
+def test_the_train_script_on_the_default_corpus(tmp_path):
+    output = tmp_path / "run"
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "train.py"),
+        "--preset",
+        "tiny",
+        "--max_steps",
+        "30",
+        "--output_dir",
+        str(output),
+        "--disable_tqdm",
+        "true",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((output / "results.json").read_text())["data"]["dataset"] == "libreoffice-help"
