@@ -31,6 +31,22 @@ VanillaTransformerConfig.register_for_auto_class()
 VanillaTransformerModel.register_for_auto_class("AutoModel")
 VanillaTransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 
+
+def _register_translation_pipeline() -> None:
+    """`pipeline("translation", model=...)`: transformers 5 removed the task; this package brings it back."""
+    from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
+
+    from .pipeline_vanilla_transformer import VanillaTranslationPipeline
+
+    REMOVED_TASKS.pop("translation", None)
+    if PIPELINE_REGISTRY.supported_tasks.get("translation", {}).get("impl") is not VanillaTranslationPipeline:
+        PIPELINE_REGISTRY.register_pipeline(
+            "translation", pipeline_class=VanillaTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+        )
+
+
+_register_translation_pipeline()
+
 __all__ = [
     "PRESETS",
     "RelativeMaxLengthCriteria",

@@ -13,23 +13,30 @@ from .modeling_vanilla_transformer import VanillaTransformerForConditionalGenera
 
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-COMPLETE_MARKERS = ("model.safetensors", "trainer_state.json")
+COMPLETE = ".complete"  # written last, after every process has finished writing (see TransformerTrainer)
+HF_COMPLETE_MARKERS = ("model.safetensors", "trainer_state.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def checkpoint_folders(output_dir: str | Path) -> list[Path]:
     """Complete `checkpoint-<step>` folders of a run, oldest first.
 
-    A folder counts as complete once `trainer_state.json` is written, which `Trainer` does last."""
+    Runs of this package mark a checkpoint complete with a `.complete` file written after everything else, so a
+    checkpoint interrupted while being written is never taken for a complete one. For a run made by another
+    trainer (no marker anywhere), a folder with weights and `trainer_state.json` counts as complete."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return []
     found = []
     for path in output_dir.iterdir():
         match = CHECKPOINT.match(path.name)
-        if match and path.is_dir() and all((path / marker).exists() for marker in COMPLETE_MARKERS):
+        if match and path.is_dir():
             found.append((int(match.group(1)), path))
-    return [path for _, path in sorted(found)]
+    found.sort()
+    marked = [path for _, path in found if (path / COMPLETE).exists()]
+    if marked:
+        return marked
+    return [path for _, path in found if all((path / name).exists() for name in HF_COMPLETE_MARKERS)]
 
 
 def average_state_dicts(paths: list[str | Path]) -> dict[str, torch.Tensor]:

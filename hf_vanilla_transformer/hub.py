@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 
@@ -82,3 +83,194 @@ def write_model_card(folder: str | Path, results: dict, plots: list[str] | None 
     path = Path(folder) / "README.md"
     path.write_text(render_model_card(results, plots=plots), encoding="utf-8")
     return path
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Publishing a model folder to the Hub
+# ---------------------------------------------------------------------------------------------------------------------
+
+PIPELINE_FILE = "pipeline_vanilla_transformer.py"
+PIPELINE_ENTRY = {
+    "impl": "pipeline_vanilla_transformer.VanillaTranslationPipeline",
+    "pt": ["AutoModelForSeq2SeqLM"],
+    "type": "text",
+}
+# What a model folder publishes: the model, its tokenizer, its remote code, its card, results and pictures. Training
+# leftovers (checkpoint-*/, the tokenizer/ copy used for resuming, logs of the Trainer) stay home.
+PUBLISHED = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "README.md",
+    "results.json",
+    "training_log.json",
+    "configuration_vanilla_transformer.py",
+    "modeling_vanilla_transformer.py",
+)
+REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "modeling_vanilla_transformer.py")
+
+
+class PublishError(RuntimeError):
+    """The folder cannot be published, or the Hub cannot be reached; the message says why and what to do."""
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions a failed connection raises, whichever HTTP client this huggingface_hub uses."""
+    import importlib
+
+    errors: list[type[BaseException]] = [OSError]
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "ConnectionError")):
+        with contextlib.suppress(ImportError, AttributeError):
+            errors.append(getattr(importlib.import_module(module), name))
+    return tuple(errors)
+
+
+def check_model_card(text: str):
+    """Parse a model card with `huggingface_hub` and check the metadata the Hub needs for a translation model.
+
+    Returns the `ModelCard`; raises `PublishError` naming the missing or malformed field.
+    """
+    from huggingface_hub import ModelCard
+
+    try:
+        card = ModelCard(text)
+        results = card.data.eval_results or []
+    except Exception as error:  # the YAML or the model-index does not parse
+        raise PublishError(f"The model card's metadata is malformed: {error}") from error
+    data = card.data
+    problems = []
+    if data.pipeline_tag != "translation":
+        problems.append(f"pipeline_tag is {data.pipeline_tag!r}, expected 'translation'")
+    if not data.language or len(data.language) < 2:
+        problems.append(f"language is {data.language!r}, expected the source and target languages")
+    if not data.license:
+        problems.append("license is missing")
+    if "translation" not in (data.tags or []):
+        problems.append(f"tags {data.tags!r} lack 'translation'")
+    if not any(result.metric_type == "bleu" for result in results):
+        problems.append("the model-index holds no BLEU result")
+    if problems:
+        raise PublishError("The model card's metadata is incomplete: " + "; ".join(problems) + ".")
+    return card
+
+
+def stage_for_hub(model_dir: str | Path, staging_dir: str | Path, repo_id: str | None = None) -> list[Path]:
+    """Copy what `model_dir` publishes into `staging_dir`, ready to upload: the files of `PUBLISHED`, the plots, the
+    translation pipeline's code named in `config.json` (`custom_pipelines`), and a model card whose usage examples
+    name `repo_id`. Returns the staged files. Raises `PublishError` if the folder is not a complete model folder.
+    """
+    import json
+    import shutil
+
+    model_dir, staging_dir = Path(model_dir), Path(staging_dir)
+    if not model_dir.is_dir():
+        raise PublishError(f"{model_dir} is not a folder; expected a model folder written by training.")
+    missing = [name for name in REQUIRED if not (model_dir / name).exists()]
+    if missing:
+        raise PublishError(
+            f"{model_dir} is not a complete model folder: {', '.join(missing)} missing. Publish the output folder "
+            "of scripts/train.py or scripts/main.py (or a folder written by save_pretrained)."
+        )
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    if "AutoModelForSeq2SeqLM" not in config.get("auto_map", {}):
+        raise PublishError(f"{model_dir / 'config.json'} has no auto_map; save the model with the package imported.")
+    staging_dir.mkdir(parents=True, exist_ok=True)
+    staged = []
+    for name in PUBLISHED:
+        if (model_dir / name).exists() and name not in ("config.json", "README.md"):
+            staged.append(Path(shutil.copy2(model_dir / name, staging_dir / name)))
+    for plot in sorted((model_dir / "plots").glob("*.png")):
+        (staging_dir / "plots").mkdir(exist_ok=True)
+        staged.append(Path(shutil.copy2(plot, staging_dir / "plots" / plot.name)))
+    # The pipeline travels with the model: its file, and its name in the config (see pipeline_vanilla_transformer).
+    staged.append(Path(shutil.copy2(Path(__file__).with_name(PIPELINE_FILE), staging_dir / PIPELINE_FILE)))
+    config["custom_pipelines"] = {"translation": PIPELINE_ENTRY}
+    (staging_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    staged.append(staging_dir / "config.json")
+    # The card: rendered again from the results so that its examples name the repository, else the folder's own.
+    card = staging_dir / "README.md"
+    if (model_dir / "results.json").exists():
+        results = json.loads((model_dir / "results.json").read_text(encoding="utf-8"))
+        plots = [str(path.relative_to(staging_dir)) for path in staged if path.parent.name == "plots"]
+        card.write_text(render_model_card(results, repo_id=repo_id, plots=plots), encoding="utf-8")
+    elif (model_dir / "README.md").exists():
+        shutil.copy2(model_dir / "README.md", card)
+    else:
+        raise PublishError(f"{model_dir} has neither results.json nor README.md: there is no model card to publish.")
+    check_model_card(card.read_text(encoding="utf-8"))
+    staged.append(card)
+    return sorted(staged)
+
+
+def upload_plan(staging_dir: str | Path) -> list[tuple[str, int]]:
+    """(path in the repository, size in bytes) of every staged file, sorted by path."""
+    staging_dir = Path(staging_dir)
+    return sorted(
+        (path.relative_to(staging_dir).as_posix(), path.stat().st_size)
+        for path in staging_dir.rglob("*")
+        if path.is_file()
+    )
+
+
+def commit_operations(staging_dir: str | Path) -> list:
+    """One `CommitOperationAdd` per staged file: the whole folder goes up in a single commit, or not at all."""
+    from huggingface_hub import CommitOperationAdd
+
+    staging_dir = Path(staging_dir)
+    return [
+        CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(staging_dir / path))
+        for path, _ in upload_plan(staging_dir)
+    ]
+
+
+def push_model_folder(
+    model_dir: str | Path,
+    repo_id: str,
+    private: bool = False,
+    token: str | None = None,
+    dry_run: bool = False,
+    commit_message: str = "Upload Transformer trained with hf_vanilla_transformer",
+) -> tuple[list[tuple[str, int]], str | None]:
+    """Publish a model folder as the Hub model repository `repo_id` in one commit.
+
+    Returns (the upload plan, the commit URL or None for a dry run). A dry run stages and checks everything and
+    touches no network. Without a token, or when the Hub cannot be reached, raises `PublishError` before anything
+    is uploaded; the single commit means a failure never leaves a half-uploaded repository.
+    """
+    import tempfile
+
+    if not isinstance(repo_id, str) or repo_id.count("/") > 1 or not repo_id.strip("/"):
+        raise PublishError(f"repo_id={repo_id!r}: expected 'name' or 'user-or-organisation/name'.")
+    with tempfile.TemporaryDirectory(prefix="hub-staging-") as staging:
+        stage_for_hub(model_dir, staging, repo_id=repo_id)
+        plan = upload_plan(staging)
+        if dry_run:
+            return plan, None
+        from huggingface_hub import HfApi, get_token
+        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+        token = token or get_token()
+        if not token:
+            raise PublishError(
+                "No Hugging Face token: run `hf auth login`, set HF_TOKEN, or pass --token. Nothing was uploaded."
+            )
+        api = HfApi(token=token)
+        try:
+            url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            commit = api.create_commit(
+                repo_id=url.repo_id,
+                operations=commit_operations(staging),
+                commit_message=commit_message,
+                repo_type="model",
+            )
+        except HfHubHTTPError as error:
+            raise PublishError(f"The Hub refused the upload to {repo_id}: {error}. Nothing was committed.") from error
+        except (*_transport_errors(), OfflineModeIsEnabled) as error:  # no network, DNS failures, timeouts, offline
+            raise PublishError(
+                f"Cannot reach the Hugging Face Hub ({error.__class__.__name__}: {error}). Nothing was uploaded; "
+                "check the network (or HF_ENDPOINT) and try again."
+            ) from error
+        return plan, commit.commit_url

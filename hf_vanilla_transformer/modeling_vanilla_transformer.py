@@ -663,6 +663,74 @@ def label_smoothed_loss(
     return loss / num_items_in_batch
 
 
+class _LinearLabelSmoothedLoss(torch.autograd.Function):
+    """Sum over tokens of the label-smoothed cross-entropy of `hidden @ weight.T`, computed chunk by chunk.
+
+    The gradient is computed in the forward pass, so that the (tokens, vocabulary) logits never exist at once:
+    for each chunk, dLoss/dlogits = softmax(logits) - q (q: the smoothed target distribution), then
+    dLoss/dhidden = dlogits @ weight and dLoss/dweight += dlogits.T @ hidden. The backward pass only scales them.
+    Matrix products run in `compute_dtype` (the autocast dtype under autocast), softmax and sums in float32.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, epsilon, chunk_size, compute_dtype):
+        vocab = weight.shape[0]
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            weight_c = weight.to(compute_dtype)
+            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            grad_hidden = torch.empty(hidden.shape, dtype=compute_dtype, device=hidden.device)
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            for start in range(0, hidden.shape[0], chunk_size):
+                chunk = hidden[start : start + chunk_size].to(compute_dtype)  # (C, D)
+                target = labels[start : start + chunk_size, None]  # (C, 1)
+                logits = (chunk @ weight_c.T).float()  # (C, V)
+                log_z = torch.logsumexp(logits, dim=-1, keepdim=True)  # (C, 1)
+                picked = logits.gather(-1, target)
+                # loss = (1 - eps) * (log Z - z_y) + eps * (log Z - mean_v z_v)
+                total += (log_z - (1.0 - epsilon) * picked - epsilon * logits.mean(-1, keepdim=True)).sum()
+                grad = logits.sub_(log_z).exp_().sub_(epsilon / vocab)  # softmax - eps / V, in place
+                grad.scatter_add_(-1, target, torch.full_like(picked, epsilon - 1.0))
+                grad = grad.to(compute_dtype)
+                grad_hidden[start : start + chunk_size] = grad @ weight_c
+                grad_weight += (grad.T @ chunk).float()
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        hidden_dtype, weight_dtype = ctx.dtypes
+        return (
+            (grad_hidden * grad_output).to(hidden_dtype),
+            (grad_weight * grad_output).to(weight_dtype),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def linear_label_smoothed_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    epsilon: float,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """`label_smoothed_loss(hidden @ weight.T, labels, epsilon, num_items_in_batch)` for the hidden states of the
+    labelled tokens, (N, D), without materialising the (N, V) logits: less memory and fewer passes over them."""
+    device = hidden.device.type
+    compute_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    total = _LinearLabelSmoothedLoss.apply(hidden, weight, labels, float(epsilon), chunk_size, compute_dtype)
+    if num_items_in_batch is None:
+        num_items_in_batch = max(labels.numel(), 1)
+    elif isinstance(num_items_in_batch, torch.Tensor):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Decoding rules of §6.1
 # ---------------------------------------------------------------------------------------------------------------------
@@ -746,6 +814,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         labels (`torch.LongTensor` of shape `(batch_size, target_length)`, *optional*):
             Target token ids ending with `</s>`; -100 (and `pad_token_id`, unless it is also `eos_token_id`) marks
             positions left out of the loss. Without `decoder_input_ids` the decoder reads the labels shifted right.
+            In training mode the output projection runs only on the labelled positions and `logits` is `None`;
+            in eval mode (or without labels) the full `(batch, target_length, vocab)` logits are returned.
         """
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         if labels is not None:
@@ -769,11 +839,19 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             use_cache=use_cache,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
-
-        loss = None
-        if labels is not None:
-            loss = label_smoothed_loss(logits, labels, self.config.label_smoothing, num_items_in_batch)
+        hidden_states = outputs.last_hidden_state  # (B, T, D)
+        loss = logits = None
+        if labels is not None and self.training:
+            # Training: project only the positions that count in the loss (padding costs nothing), chunk by chunk
+            # so that the (tokens, vocabulary) logits never exist at once; `logits` stays None.
+            keep = labels != -100  # (B, T)
+            loss = linear_label_smoothed_loss(
+                hidden_states[keep], self.lm_head.weight, labels[keep], self.config.label_smoothing, num_items_in_batch
+            )
+        else:
+            logits = self.lm_head(hidden_states)  # (B, T, V)
+            if labels is not None:
+                loss = label_smoothed_loss(logits, labels, self.config.label_smoothing, num_items_in_batch)
 
         return Seq2SeqLMOutput(
             loss=loss,
@@ -906,6 +984,7 @@ __all__ = [
     "default_generation_config",
     "gnmt_length_penalty",
     "label_smoothed_loss",
+    "linear_label_smoothed_loss",
     "shift_tokens_right",
     "sinusoidal_positions",
 ]

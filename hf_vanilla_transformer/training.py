@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -31,6 +32,7 @@ from transformers import (
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     TrainerCallback,
+    set_seed,
 )
 
 from .batching import TokenBudgetBatchSampler, accumulation_steps
@@ -92,6 +94,9 @@ class ModelDataArguments:
         default=None, metadata={"help": "Evaluate on at most this many validation pairs during training."}
     )
     test_beams: int = field(default=4, metadata={"help": "Beam size for the final test evaluation (§6.1: 4)."})
+    attn_implementation: str | None = field(
+        default=None, metadata={"help": "eager, sdpa or flash_attention_2 (default: transformers' choice, sdpa)."}
+    )
 
 
 @dataclass
@@ -110,6 +115,49 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     generation_num_beams: int | None = field(default=4, metadata={"help": "Beams for evaluation (§6.1: 4)."})
     dataloader_num_workers: int = field(default=0, metadata={"help": "Data loading workers."})
     per_device_eval_batch_size: int = field(default=64, metadata={"help": "Sentences per evaluation batch."})
+    ddp_find_unused_parameters: bool | None = field(
+        default=False, metadata={"help": "Every parameter gets a gradient; DDP need not search for unused ones."}
+    )
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True on CPUs with native bf16 matrix units (AMX or AVX512-BF16), where bf16 autocast speeds training up."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
+
+
+# The main job's recipe: the paper's, scaled to a 2-core CPU and about 25 minutes (README.md, "The main job", gives
+# the measurements behind each choice).
+CPU_RECIPE = {
+    "model_data": dict(
+        preset="small",  # d_model 256, 3 + 3 layers, 4 heads, d_ff 1024
+        vocab_size=8000,
+        max_tokens=4096,  # about 3,500 source + 3,500 target tokens per update
+        lr_scale=1.0,
+        dropout=0.0,  # a short run does not overfit; dropout costs a quarter of the step on a CPU
+        label_smoothing=0.1,
+        max_length=256,
+        average_last=5,
+        attn_implementation="eager",  # faster than SDPA's CPU kernels at these lengths in bf16
+        test_beams=4,
+        max_eval_samples=200,  # validation BLEU for the training curves: 200 pairs, greedy, every 600 updates
+    ),
+    "training": dict(
+        max_steps=3600,
+        warmup_steps=1000,
+        save_steps=300,
+        logging_steps=100,
+        eval_strategy="steps",
+        eval_steps=600,
+        generation_num_beams=1,
+        bf16=cpu_has_fast_bf16(),
+        include_num_input_tokens_seen="non_padding",
+        use_cpu=True,
+    ),
+}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -160,6 +208,43 @@ class SaveEveryCallback(TrainerCallback):
         self.last = time.monotonic()
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint is incomplete or corrupted; the message names the file."""
+
+
+def validate_checkpoint(folder: str | Path) -> Path:
+    """Raise `CheckpointError` naming the file if `folder` is not a complete, readable checkpoint of this package."""
+    from safetensors import safe_open
+
+    from .averaging import COMPLETE
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder} is not a checkpoint folder.")
+    if not (folder / COMPLETE).exists():
+        raise CheckpointError(
+            f"{folder / COMPLETE} is missing: the checkpoint was interrupted while being written. Resume from an "
+            "earlier one, or leave out --resume_from_checkpoint to take the newest complete one."
+        )
+    for name in ("config.json", "trainer_state.json"):
+        try:
+            json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise CheckpointError(f"{folder / name} cannot be read: {error}") from error
+    try:
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 (safe_open handles are not containers)
+                handle.get_slice(key)
+    except Exception as error:
+        raise CheckpointError(f"{folder / 'model.safetensors'} is corrupted or truncated: {error}") from error
+    for path in sorted(folder.glob("*.pt")) + sorted(folder.glob("*.pth")):
+        try:
+            torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as error:
+            raise CheckpointError(f"{path} is corrupted or truncated: {error}") from error
+    return folder
+
+
 class TransformerTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` with token-budget batches (§5.1) and the §5.3 learning-rate schedule.
 
@@ -195,6 +280,29 @@ class TransformerTrainer(Seq2SeqTrainer):
         sampler = TokenBudgetBatchSampler(lengths, lengths, max_tokens=budget, shuffle=False)
         loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=self.data_collator)
         return self.accelerator.prepare(loader)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        # Seq2SeqTrainer fills the model's generation config with transformers' global defaults (max_length 20, ...)
+        # in place; every checkpoint would then carry them. Evaluate on a copy and keep the model's own config.
+        generation_config = copy.deepcopy(self.model.generation_config)
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        finally:
+            self.model.generation_config = generation_config
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """`Trainer`'s checkpoint, then a `.complete` marker once every process has written its part, so that a
+        checkpoint interrupted at any moment (SIGKILL included) is never mistaken for a complete one."""
+        from .averaging import COMPLETE
+
+        super()._save_checkpoint(model, trial)
+        folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            temporary = folder / (COMPLETE + ".tmp")
+            temporary.write_text(f"{self.state.global_step}\n")
+            os.replace(temporary, folder / COMPLETE)
+        self.accelerator.wait_for_everyone()
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.lr_scheduler is None:
@@ -242,6 +350,8 @@ def build_model(recipe: ModelDataArguments, tokenizer) -> VanillaTransformerForC
             **overrides,
         )
         model = VanillaTransformerForConditionalGeneration(config)
+    if recipe.attn_implementation:
+        model.set_attn_implementation(recipe.attn_implementation)
     check_special_tokens(tokenizer, model.config)
     return model
 
@@ -261,6 +371,7 @@ def prepare_run(recipe: ModelDataArguments, args: TransformerTrainingArguments):
     )
     tokenizer = build_tokenizer(recipe, corpus, output_dir)
     encoded = tokenize_corpus(corpus, tokenizer, max_length=recipe.max_length)
+    set_seed(args.seed)  # the initial weights depend on the seed alone (Trainer seeds only after the model exists)
     model = build_model(recipe, tokenizer)
 
     train = encoded["train"]
@@ -337,6 +448,11 @@ def hardware_description() -> str:
     )
 
 
+def plot_sentence(sources: list[str]) -> str:
+    """A test sentence of readable length (6-20 words) for the attention maps; else the first one."""
+    return next((text for text in sources if 6 <= len(text.split()) <= 20), sources[0])
+
+
 def train_and_evaluate(
     recipe: ModelDataArguments, args: TransformerTrainingArguments, command: str = "", examples: int = 5
 ) -> dict:
@@ -347,12 +463,14 @@ def train_and_evaluate(
     from .averaging import average_last_checkpoints
     from .hub import write_model_card
     from .inference import evaluate_translations
+    from .plots import write_run_plots
 
     started = time.time()
     trainer, tokenizer, corpus = prepare_run(recipe, args)
     output_dir = Path(args.output_dir)
     resume = args.resume_from_checkpoint or latest_checkpoint(output_dir)
     if resume:
+        validate_checkpoint(resume)
         logger.info("resuming from %s", resume)
     train_started = time.time()
     trainer.train(resume_from_checkpoint=resume)
@@ -419,7 +537,14 @@ def train_and_evaluate(
         "command": command,
         "wall_seconds": time.time() - started,
     }
-    save_json(output_dir / "training_log.json", {"log_history": trainer.state.log_history})
-    save_json(output_dir / "results.json", results)
-    write_model_card(output_dir, results)
+    if args.should_save:
+        save_json(output_dir / "training_log.json", {"log_history": trainer.state.log_history})
+        save_json(output_dir / "results.json", results)
+        plots = write_run_plots(
+            model, tokenizer, trainer.state.log_history, output_dir / "plots", plot_sentence(sources)
+        )
+        write_model_card(output_dir, results, plots=[str(path.relative_to(output_dir)) for path in plots])
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     return results

@@ -17,9 +17,19 @@ import logging
 import shlex
 import sys
 
-from transformers import HfArgumentParser
+from hf_vanilla_transformer.runtime import keep_script_folder_off_path, use_fast_allocator
 
-from hf_vanilla_transformer.training import ModelDataArguments, TransformerTrainingArguments, train_and_evaluate
+
+keep_script_folder_off_path(__file__)  # scripts/evaluate.py must not shadow the evaluate library
+use_fast_allocator()  # re-executes this script once with mimalloc preloaded (see runtime.py)
+
+from transformers import HfArgumentParser  # noqa: E402
+
+from hf_vanilla_transformer.training import (  # noqa: E402
+    ModelDataArguments,
+    TransformerTrainingArguments,
+    train_and_evaluate,
+)
 
 
 def main() -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -30,3 +34,29 @@ def random_ids(batch: int, length: int, vocab: int = 99, seed: int = 0) -> torch
 @pytest.fixture
 def model() -> VanillaTransformerForConditionalGeneration:
     return tiny_model()
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="session")
+def trained_folder(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A model folder written by scripts/train.py: a tiny model trained 30 updates on 200 real pairs, evaluated
+    (validation BLEU every 15 updates, test BLEU), averaged, with its card and plots. Shared by the tests that read
+    such a folder (training, sharing, pipeline); they must not modify it."""
+    output = tmp_path_factory.mktemp("trained") / "run"
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "train.py"),
+        *("--preset", "tiny", "--max_steps", "30", "--output_dir", str(output)),
+        *("--data_files", str(FIXTURES / "libreoffice_help_en_de_200.tsv")),
+        *("--validation_files", str(FIXTURES / "libreoffice_help_en_de_test_40.tsv")),
+        *("--test_files", str(FIXTURES / "libreoffice_help_en_de_test_40.tsv")),
+        *("--vocab_size", "500", "--save_steps", "10", "--average_last", "3", "--disable_tqdm", "true"),
+        *("--test_beams", "2", "--logging_steps", "5"),
+        *("--eval_strategy", "steps", "--eval_steps", "15", "--max_eval_samples", "10", "--generation_num_beams", "1"),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=output.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return output, result

@@ -494,3 +494,20 @@ def test_initialisation_follows_the_reference_implementations():
     fc1 = model.model.encoder.layers[0].ffn.fc1.weight
     assert fc1.std().item() == pytest.approx(math.sqrt(2 / (256 + 1024)), rel=0.05)
     assert model.model.encoder.layers[0].ffn.fc1.bias.abs().max() == 0
+
+
+def test_training_mode_projects_only_labelled_positions_with_the_same_loss_and_gradients():
+    ids, labels = random_ids(3, 6), random_ids(3, 7, seed=1)
+    labels[0, 4:] = -100
+    labels[2, 2:] = PAD
+    results = []
+    for training in (False, True):
+        model = tiny_model().train(training)  # dropout is 0, so both modes compute the same function
+        out = model(input_ids=ids, labels=labels)
+        out.loss.backward()
+        results.append((out, [p.grad.clone() for p in model.parameters()]))
+    (evaluation, eval_grads), (training, train_grads) = results
+    assert evaluation.logits.shape == (3, 7, 99) and training.logits is None
+    assert torch.allclose(evaluation.loss, training.loss, atol=1e-6)
+    for a, b in zip(eval_grads, train_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)

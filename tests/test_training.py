@@ -136,36 +136,8 @@ def test_a_saved_model_fine_tunes_on_other_pairs(tmp_path):
     assert losses[-1] < losses[0] - 0.5, losses
 
 
-def test_the_train_script_leaves_a_complete_model_folder(tmp_path):
-    output = tmp_path / "run"
-    command = [
-        sys.executable,
-        str(ROOT / "scripts" / "train.py"),
-        "--preset",
-        "tiny",
-        "--max_steps",
-        "30",
-        "--output_dir",
-        str(output),
-        "--data_files",
-        TRAIN_200,
-        "--validation_files",
-        OTHER_40,
-        "--test_files",
-        OTHER_40,
-        "--vocab_size",
-        "500",
-        "--save_steps",
-        "10",
-        "--average_last",
-        "3",
-        "--disable_tqdm",
-        "true",
-        "--test_beams",
-        "2",
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_the_train_script_leaves_a_complete_model_folder(trained_folder):
+    output, result = trained_folder
     for name in (
         "config.json",
         "model.safetensors",
@@ -177,6 +149,8 @@ def test_the_train_script_leaves_a_complete_model_folder(tmp_path):
         "results.json",
         "README.md",
         "training_log.json",
+        "plots/training_curves.png",
+        "plots/attention_cross.png",
     ):
         assert (output / name).exists(), name
     results = json.loads((output / "results.json").read_text())
@@ -185,8 +159,12 @@ def test_the_train_script_leaves_a_complete_model_folder(tmp_path):
     assert math.isfinite(results["test"]["bleu"]) and "nrefs:1" in results["test"]["bleu_signature"]
     assert f"value: {round(results['test']['bleu'], 2)}" in (output / "README.md").read_text()
     assert "test sacreBLEU" in result.stdout
+    log = json.loads((output / "training_log.json").read_text())["log_history"]
+    assert [entry["step"] for entry in log if "eval_bleu" in entry] == [15, 30]  # validation BLEU for the curves
     model = VanillaTransformerForConditionalGeneration.from_pretrained(output)
     assert model.generation_config.num_beams == 4
+    # evaluating with generate() during training must not leave transformers' global defaults (max_length 20) behind
+    assert "max_length" not in json.loads((output / "generation_config.json").read_text())
 
 
 @pytest.mark.slow

@@ -1,0 +1,37 @@
+"""Average the last N checkpoints of a training run into a model folder (§6.1: base models average the last 5).
+
+Usage:
+    python scripts/average_checkpoints.py RUN_DIR OUTPUT_DIR [--last 5]
+    python scripts/average_checkpoints.py --checkpoints RUN/checkpoint-1000 RUN/checkpoint-2000 OUTPUT_DIR
+"""
+
+import argparse
+
+from hf_vanilla_transformer.runtime import keep_script_folder_off_path
+
+
+keep_script_folder_off_path(__file__)  # scripts/evaluate.py must not shadow the evaluate library
+
+from hf_vanilla_transformer.averaging import average_checkpoints, average_last_checkpoints  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", help="RUN_DIR OUTPUT_DIR, or (with --checkpoints) folders then OUTPUT_DIR")
+    parser.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints to average")
+    parser.add_argument("--checkpoints", action="store_true", help="average exactly the folders given")
+    args = parser.parse_args()
+    if args.checkpoints:
+        if len(args.paths) < 2:
+            parser.error("give at least one checkpoint folder and the output folder")
+        *checkpoints, output = args.paths
+        average_checkpoints(checkpoints, output)
+    else:
+        if len(args.paths) != 2:
+            parser.error("give RUN_DIR and OUTPUT_DIR")
+        _, checkpoints = average_last_checkpoints(args.paths[0], args.paths[1], last=args.last)
+    print(f"averaged {', '.join(str(c) for c in checkpoints)} into {args.paths[-1]}")
+
+
+if __name__ == "__main__":
+    main()

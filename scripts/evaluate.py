@@ -1,0 +1,67 @@
+"""Score a trained model folder with sacreBLEU and chrF on a test split or on your own files.
+
+Usage:
+    python scripts/evaluate.py MODEL_DIR                       # the LibreOffice help EN-DE test split
+    python scripts/evaluate.py MODEL_DIR --dataset libreoffice-ui --split test
+    python scripts/evaluate.py MODEL_DIR --data_files test.tsv   # or src.txt,ref.txt
+    python scripts/evaluate.py MODEL_DIR --tokenized_bleu --num_beams 1 --output hypotheses.txt
+
+Prints sacreBLEU with its signature, chrF, and (with --tokenized_bleu) the paper-style tokenized BLEU.
+"""
+
+import argparse
+import json
+
+from hf_vanilla_transformer.runtime import keep_script_folder_off_path
+
+
+keep_script_folder_off_path(__file__)  # scripts/evaluate.py must not shadow the evaluate library
+
+import torch  # noqa: E402
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
+
+from hf_vanilla_transformer.data import load_corpus  # noqa: E402
+from hf_vanilla_transformer.inference import evaluate_translations  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="model folder (or Hub id) with its tokenizer")
+    parser.add_argument("--dataset", default="libreoffice-help")
+    parser.add_argument("--source_lang", default="en")
+    parser.add_argument("--target_lang", default="de")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--data_files", help="local pairs: a TSV, a JSONL, or 'src.txt,ref.txt'")
+    parser.add_argument("--num_beams", type=int, help="beam size (default: the model's, 4)")
+    parser.add_argument("--tokenized_bleu", action="store_true", help="also the paper-style tokenized BLEU")
+    parser.add_argument("--output", help="write the translations here, one per line")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+
+    if args.data_files:
+        pairs = load_corpus(data_files=args.data_files, source_lang=args.source_lang, target_lang=args.target_lang)[
+            "train"
+        ]
+    else:
+        corpus = load_corpus(args.dataset, args.source_lang, args.target_lang)
+        if args.split not in corpus:
+            raise SystemExit(f"--split {args.split!r} is not one of {sorted(corpus)}")
+        pairs = corpus[args.split]
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=True).to(args.device)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
+    scores, hypotheses = evaluate_translations(
+        model, tokenizer, list(pairs["source"]), list(pairs["target"]), tokenized_bleu=args.tokenized_bleu, **kwargs
+    )
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.writelines(text + "\n" for text in hypotheses)
+    summary = {key: scores[key] for key in ("score", "signature", "chrf", "chrf_signature") if key in scores}
+    if "tokenized_bleu" in scores:
+        summary["tokenized_bleu"] = scores["tokenized_bleu"]
+    summary["pairs"] = len(hypotheses)
+    print(json.dumps(summary, indent=2, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()

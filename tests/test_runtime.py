@@ -1,0 +1,46 @@
+"""The caching allocator is found and preloaded by re-executing the script once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hf_vanilla_transformer.runtime import mimalloc_library
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import os
+    from hf_vanilla_transformer.runtime import use_fast_allocator
+    print("start", flush=True)
+    use_fast_allocator()
+    maps = open("/proc/self/maps").read()
+    print("loaded" if "mimalloc" in maps else "not loaded", os.environ.get("MIMALLOC_PURGE_DELAY"))
+    """
+)
+
+
+@pytest.mark.skipif(sys.platform != "linux" or mimalloc_library() is None, reason="needs Linux and cmeel-mimalloc")
+def test_scripts_rerun_once_with_mimalloc_preloaded():
+    environment = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MIMALLOC_PURGE_DELAY")}
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=environment, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split("\n")
+    assert lines.count("start") == 2  # the first run, then the re-executed one
+    assert "loaded -1" in result.stdout
+
+
+def test_the_system_allocator_can_be_kept():
+    environment = {**os.environ, "HF_VANILLA_TRANSFORMER_ALLOCATOR": "system"}
+    environment.pop("LD_PRELOAD", None)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=environment, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("start") == 1 and "not loaded" in result.stdout

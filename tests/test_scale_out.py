@@ -1,0 +1,219 @@
+"""Scale-out and kill-safety: two processes equal one with the same global batch, a killed run resumes to the same
+weights (SIGKILL during a checkpoint write included), bf16 on CPU learns, a corrupted checkpoint is named."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_vanilla_transformer.averaging import checkpoint_folders
+from hf_vanilla_transformer.training import CheckpointError, validate_checkpoint
+
+
+FIXTURE = str(Path(__file__).parent / "fixtures" / "libreoffice_help_en_de_200.tsv")
+
+# A training run driven by a JSON description; it can SIGKILL itself at a given point.
+CHILD = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    from hf_vanilla_transformer.training import (
+        ModelDataArguments, TransformerTrainer, TransformerTrainingArguments, latest_checkpoint, prepare_run,
+    )
+    spec = json.loads(sys.argv[1])
+    recipe = ModelDataArguments(**spec["recipe"])
+    args = TransformerTrainingArguments(**spec["args"])
+    kill = spec.get("kill")
+    if kill and kill["where"] == "checkpoint_write":
+        # Die in the middle of writing checkpoint-<step>: the weights are on disk, optimizer and RNG states not yet.
+        original = TransformerTrainer._save_optimizer_and_scheduler
+        def dying(self, output_dir):
+            if self.state.global_step == kill["step"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return original(self, output_dir)
+        TransformerTrainer._save_optimizer_and_scheduler = dying
+    trainer, tokenizer, corpus = prepare_run(recipe, args)
+    if kill and kill["where"] == "step":
+        from transformers import TrainerCallback
+        class Die(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step == kill["step"]:
+                    os.kill(os.getpid(), signal.SIGKILL)
+        trainer.add_callback(Die())
+    trainer.train(resume_from_checkpoint=latest_checkpoint(args.output_dir))
+    import torch.distributed
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    """
+)
+
+
+def spec(output_dir: Path, **args) -> dict:
+    return {
+        "recipe": dict(preset="tiny", vocab_size=500, data_files=FIXTURE, max_tokens=300, dropout=0.1, lr_scale=0.5),
+        "args": {
+            "output_dir": str(output_dir),
+            "max_steps": 20,
+            "save_steps": 10,
+            "warmup_steps": 10,
+            "logging_steps": 5,
+            "eval_strategy": "no",
+            "seed": 3,
+            "disable_tqdm": True,
+            "use_cpu": True,
+            **args,
+        },
+    }
+
+
+def run_child(description: dict, launcher: list[str] | None = None, script_dir: Path | None = None):
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    if launcher:
+        path = script_dir / "child.py"
+        path.write_text(CHILD)
+        command = [*launcher, str(path), json.dumps(description)]
+    else:
+        command = [sys.executable, "-c", CHILD, json.dumps(description)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
+
+
+def final_weights(output_dir: Path, step: int = 20) -> dict[str, torch.Tensor]:
+    return load_file(str(output_dir / f"checkpoint-{step}" / "model.safetensors"))
+
+
+def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if atol:
+            assert torch.allclose(a[key], b[key], atol=atol), (key, (a[key] - b[key]).abs().max())
+        else:
+            assert torch.equal(a[key], b[key]), (key, (a[key] - b[key]).abs().max())
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    """20 uninterrupted steps, the reference of the resume tests."""
+    output = tmp_path_factory.mktemp("straight")
+    result = run_child(spec(output))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return output
+
+
+@pytest.mark.parametrize("where, step", [("step", 15), ("checkpoint_write", 20)])
+def test_a_killed_run_resumes_to_the_same_weights(straight, tmp_path, where, step):
+    description = spec(tmp_path)
+    killed = run_child({**description, "kill": {"where": where, "step": step}})
+    assert killed.returncode == -signal.SIGKILL
+    complete = [path.name for path in checkpoint_folders(tmp_path)]
+    assert complete == ["checkpoint-10"]  # a checkpoint cut off while being written is not taken
+    if where == "checkpoint_write":
+        assert (tmp_path / "checkpoint-20" / "model.safetensors").exists()  # half-written
+        with pytest.raises(CheckpointError, match=r"checkpoint-20/\.complete is missing"):
+            validate_checkpoint(tmp_path / "checkpoint-20")
+    resumed = run_child(description)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_weights(final_weights(straight), final_weights(tmp_path))
+    optimizer_a = torch.load(straight / "checkpoint-20" / "optimizer.pt", weights_only=False)["state"]
+    optimizer_b = torch.load(tmp_path / "checkpoint-20" / "optimizer.pt", weights_only=False)["state"]
+    for key in optimizer_a:
+        assert torch.equal(optimizer_a[key]["exp_avg_sq"], optimizer_b[key]["exp_avg_sq"])
+
+
+def test_a_corrupted_checkpoint_names_the_file(straight, tmp_path):
+    copy = tmp_path / "checkpoint-10"
+    shutil.copytree(straight / "checkpoint-10", copy)
+    assert validate_checkpoint(copy) == copy
+    weights = copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=r"checkpoint-10/model\.safetensors is corrupted or truncated"):
+        validate_checkpoint(copy)
+    shutil.copy2(straight / "checkpoint-10" / "model.safetensors", weights)
+    optimizer = copy / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=r"checkpoint-10/optimizer\.pt is corrupted or truncated"):
+        validate_checkpoint(copy)
+    (copy / "trainer_state.json").write_text("{")
+    with pytest.raises(CheckpointError, match=r"trainer_state\.json cannot be read"):
+        validate_checkpoint(copy)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_processes_equal_one_with_the_same_global_batch(tmp_path):
+    one = spec(tmp_path / "one", max_steps=6, save_steps=6, gradient_accumulation_steps=2)
+    two = spec(tmp_path / "two", max_steps=6, save_steps=6)
+    for description in (one, two):
+        description["recipe"]["dropout"] = 0.0  # dropout draws differ per process; the arithmetic must not
+    single = run_child(one)
+    assert single.returncode == 0, single.stderr[-3000:]
+    # `--cpu` makes accelerate start a single process (CPU processes are spread only through MPI); `--multi_gpu`
+    # starts them with torchrun, and without a GPU each trains on the CPU over gloo.
+    launcher = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),  # not torchrun's fixed 29500, which another job on the machine may hold
+    ]
+    double = run_child(two, launcher=launcher, script_dir=tmp_path)
+    assert double.returncode == 0, double.stderr[-3000:]
+    one_weights, two_weights = final_weights(tmp_path / "one", 6), final_weights(tmp_path / "two", 6)
+    # A key bias shifts every score of a query by the same amount, which softmax ignores: its gradient is zero up
+    # to rounding, and Adam scales that rounding noise to full-size steps. Every other weight must agree.
+    noise = {key for key in one_weights if key.endswith("k_proj.bias")}
+    assert len(noise) == 2 + 2 * 2  # encoder self-attention, decoder self- and cross-attention
+    for weights in (one_weights, two_weights):
+        for key in noise:
+            del weights[key]
+    assert_same_weights(one_weights, two_weights, atol=1e-6)
+    state = json.loads((tmp_path / "two" / "checkpoint-6" / "trainer_state.json").read_text())
+    assert state["global_step"] == 6
+
+
+def test_bf16_training_on_cpu_learns(tmp_path):
+    description = spec(tmp_path, max_steps=40, save_steps=40, bf16=True)
+    description["recipe"].update(dropout=0.0, lr_scale=1.0, max_tokens=1024)
+    result = run_child(description)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = json.loads((tmp_path / "checkpoint-40" / "trainer_state.json").read_text())
+    losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < losses[0] - 0.5, losses  # from uniform (ln 500 = 6.2) towards the unigram entropy
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_training_on_gpu_learns(tmp_path, precision):
+    description = spec(tmp_path, max_steps=40, save_steps=40, **{precision: True})
+    description["args"]["use_cpu"] = False
+    description["recipe"].update(dropout=0.0, lr_scale=1.0, max_tokens=1024)
+    result = run_child(description)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = json.loads((tmp_path / "checkpoint-40" / "trainer_state.json").read_text())
+    losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0] - 0.5, losses
