@@ -193,6 +193,24 @@ class VanillaTransformerAttention(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+class VanillaTransformerLayerNorm(nn.LayerNorm):
+    """`nn.LayerNorm` that normalises in float32 under autocast, on every device.
+
+    CUDA's autocast runs LayerNorm in float32 by itself; the CPU's runs it in bfloat16, which rounds the residual
+    stream of a post-LN model to 8 bits of mantissa after every sub-layer. Under autocast this returns float32 (as
+    CUDA's autocast does); outside autocast it is `nn.LayerNorm` (whose kernels accumulate in float32 for half types).
+    """
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        device = hidden_states.device.type
+        if not torch.is_autocast_enabled(device):
+            return super().forward(hidden_states)
+        with torch.autocast(device_type=device, enabled=False):
+            weight = self.weight.float() if self.weight is not None else None
+            bias = self.bias.float() if self.bias is not None else None
+            return nn.functional.layer_norm(hidden_states.float(), self.normalized_shape, weight, bias, self.eps)
+
+
 class VanillaTransformerFeedForward(nn.Module):
     """Position-wise feed-forward network, §3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
 
@@ -203,10 +221,21 @@ class VanillaTransformerFeedForward(nn.Module):
         self.activation_fn = ACT2FN[config.activation_function]
         self.activation_dropout = config.activation_dropout
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        hidden_states = self.activation_fn(self.fc1(hidden_states))  # (B, L, F)
+    def forward(self, hidden_states: torch.Tensor, token_index: torch.Tensor | None = None) -> torch.Tensor:
+        """FFN of every position of `hidden_states` (B, L, D), or with `token_index` (flat indices into B * L) of
+        those positions only: the others (padding) get zeros and cost nothing. The FFN is position-wise, so the
+        positions it computes get exactly what the full computation gives them."""
+        if token_index is None:
+            return self._ffn(hidden_states)
+        batch, length, _ = hidden_states.shape
+        tokens = self._ffn(hidden_states.reshape(batch * length, -1).index_select(0, token_index))  # (N, D)
+        output = tokens.new_zeros(batch * length, tokens.shape[-1]).index_copy(0, token_index, tokens)
+        return output.view(batch, length, -1)
+
+    def _ffn(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.activation_fn(self.fc1(hidden_states))  # (..., F)
         hidden_states = nn.functional.dropout(hidden_states, p=self.activation_dropout, training=self.training)
-        return self.fc2(hidden_states)  # (B, L, D)
+        return self.fc2(hidden_states)  # (..., D)
 
 
 class VanillaTransformerEncoderLayer(GradientCheckpointingLayer):
@@ -220,12 +249,16 @@ class VanillaTransformerEncoderLayer(GradientCheckpointingLayer):
         self.pre_layer_norm = config.pre_layer_norm
         self.dropout = config.dropout
         self.self_attn = VanillaTransformerAttention(config, config.encoder_attention_heads)
-        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.self_attn_layer_norm = VanillaTransformerLayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = VanillaTransformerFeedForward(config, config.encoder_ffn_dim)
-        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.final_layer_norm = VanillaTransformerLayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_index: torch.Tensor | None = None,
+        **kwargs,
     ) -> torch.Tensor:
         # 1. Self-attention sub-layer.
         residual = hidden_states
@@ -240,7 +273,7 @@ class VanillaTransformerEncoderLayer(GradientCheckpointingLayer):
         residual = hidden_states
         if self.pre_layer_norm:
             hidden_states = self.final_layer_norm(hidden_states)
-        hidden_states = self.ffn(hidden_states)
+        hidden_states = self.ffn(hidden_states, token_index)
         hidden_states = residual + nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
         if not self.pre_layer_norm:
             hidden_states = self.final_layer_norm(hidden_states)
@@ -256,11 +289,11 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         self.dropout = config.dropout
         heads = config.decoder_attention_heads
         self.self_attn = VanillaTransformerAttention(config, heads, is_causal=True, layer_idx=layer_idx)
-        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.self_attn_layer_norm = VanillaTransformerLayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.encoder_attn = VanillaTransformerAttention(config, heads, is_cross_attention=True, layer_idx=layer_idx)
-        self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.encoder_attn_layer_norm = VanillaTransformerLayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.ffn = VanillaTransformerFeedForward(config, config.decoder_ffn_dim)
-        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.final_layer_norm = VanillaTransformerLayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(
         self,
@@ -269,6 +302,7 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        token_index: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
         # 1. Masked self-attention sub-layer: position i sees positions <= i (§3.2.3).
@@ -301,7 +335,7 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         residual = hidden_states
         if self.pre_layer_norm:
             hidden_states = self.final_layer_norm(hidden_states)
-        hidden_states = self.ffn(hidden_states)
+        hidden_states = self.ffn(hidden_states, token_index)
         hidden_states = residual + nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
         if not self.pre_layer_norm:
             hidden_states = self.final_layer_norm(hidden_states)
@@ -396,13 +430,23 @@ class _VanillaTransformerStack(VanillaTransformerPreTrainedModel):
             else None
         )
         # Pre-LN needs a LayerNorm on the output of the stack; the paper's post-LN has none.
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.pre_layer_norm else None
+        self.layer_norm = (
+            VanillaTransformerLayerNorm(config.d_model, eps=config.layer_norm_eps) if config.pre_layer_norm else None
+        )
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
+
+    @staticmethod
+    def real_token_index(keep: torch.Tensor | None) -> torch.Tensor | None:
+        """Flat indices of the positions to compute in the position-wise sub-layers, from a (B, L) mask of them;
+        None when there is nothing to skip (no mask, or no padding), which keeps the dense path."""
+        if keep is None or keep.dim() != 2 or bool(keep.all()):
+            return None
+        return keep.reshape(-1).nonzero().squeeze(1)
 
     def embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, start: int = 0) -> torch.Tensor:
         """Dropout(E[ids] * sqrt(d_model) + PE[start : start + L]); `inputs_embeds` replaces E[ids] if given."""
@@ -455,11 +499,13 @@ class VanillaTransformerEncoder(_VanillaTransformerStack):
         hidden_states = self.embed(input_ids, inputs_embeds)  # (B, S, D)
         _check_mask("attention_mask", attention_mask, tuple(hidden_states.shape[:2]))
 
+        # Padding is never attended to: its FFN is skipped (its outputs are zeros, unused by any real position).
+        token_index = self.real_token_index(attention_mask.bool() if attention_mask is not None else None)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
         )
         for layer in self.layers:
-            hidden_states = layer(hidden_states, attention_mask, **kwargs)
+            hidden_states = layer(hidden_states, attention_mask, token_index=token_index, **kwargs)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
         return BaseModelOutput(last_hidden_state=hidden_states)
@@ -529,7 +575,15 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
             encoder_hidden_states=encoder_hidden_states,
         )
 
-        # 3. The layers.
+        # 3. The layers. Trailing target padding (after a sentence's last real token) is seen by no real position
+        #    under the causal mask, so its FFN is skipped, as are the positions a 2-D decoder mask leaves out.
+        token_index = None
+        if past_length == 0 and length > 1:
+            if attention_mask is not None and attention_mask.dim() == 2:
+                token_index = self.real_token_index(attention_mask.bool())
+            elif input_ids is not None and self.config.pad_token_id is not None:
+                real = input_ids != self.config.pad_token_id
+                token_index = self.real_token_index(real.flip(1).cummax(1).values.flip(1))
         for layer in self.layers:
             hidden_states = layer(
                 hidden_states,
@@ -537,6 +591,7 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
                 encoder_hidden_states,  # positional, for gradient checkpointing
                 encoder_attention_mask=encoder_attention_mask,
                 past_key_values=past_key_values,
+                token_index=token_index,
                 **kwargs,
             )
         if self.layer_norm is not None:
@@ -915,6 +970,19 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             )
         finally:
             del self._length_penalty_type
+
+    def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search: follow the surviving beams in the self-attention cache only.
+
+        Every beam of a sentence attends to the same encoder output, so the cross-attention keys and values of its
+        beams are identical rows and `beam_idx` (which picks beams within each sentence) would copy them onto
+        themselves: decoder_layers x 2 tensors of (batch x beams, heads, source length, d_k) per step, for nothing.
+        """
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            past_key_values.reorder_cache(beam_idx)
+        return past_key_values
 
     def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor:
         """Real (non-padding) source tokens per sentence, from the attention mask, else from the padding id."""

@@ -29,6 +29,7 @@ from transformers import (
     AutoTokenizer,
     DataCollatorForSeq2Seq,
     PreTrainedTokenizerFast,
+    ProgressCallback,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     TrainerCallback,
@@ -206,6 +207,47 @@ class SaveEveryCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         self.last = time.monotonic()
+
+
+class TrainingProgressCallback(ProgressCallback):
+    """The progress bar, with one readable line per log instead of a dict: update, loss, learning rate, source
+    tokens per second (padding excluded, all processes), validation BLEU when there is one, time so far and left."""
+
+    def __init__(self):
+        super().__init__()
+        self.started = None
+        self.last = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        self.started = self.last = (time.monotonic(), state.global_step, _tokens_seen(state))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or self.training_bar is None or not logs:
+            return
+        now, step, tokens = time.monotonic(), state.global_step, _tokens_seen(state)
+        parts = [f"update {step}/{state.max_steps}"]
+        if "loss" in logs:
+            parts.append(f"loss {logs['loss']:.3f}")
+        if "learning_rate" in logs:
+            parts.append(f"lr {logs['learning_rate']:.2e}")
+        if "eval_bleu" in logs:
+            parts.append(f"validation BLEU {logs['eval_bleu']:.1f} (loss {logs.get('eval_loss', float('nan')):.3f})")
+        last_time, _last_step, last_tokens = self.last
+        if now > last_time and tokens > last_tokens:
+            parts.append(f"{(tokens - last_tokens) / (now - last_time):,.0f} source tok/s")
+        started_time, started_step, _ = self.started
+        elapsed = now - started_time
+        if step > started_step:
+            left = elapsed / (step - started_step) * (state.max_steps - step)
+            parts.append(f"{elapsed / 60:.1f} min, {left / 60:.1f} min left")
+        if "loss" in logs:
+            self.last = (now, step, tokens)
+        self.training_bar.write(" | ".join(parts))
+
+
+def _tokens_seen(state) -> int:
+    return int(getattr(state, "num_input_tokens_seen", 0) or 0)
 
 
 class CheckpointError(RuntimeError):
@@ -402,6 +444,8 @@ def prepare_run(recipe: ModelDataArguments, args: TransformerTrainingArguments):
         batch_sampler=sampler,
         callbacks=callbacks,
     )
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(TrainingProgressCallback())
     logger.info(
         "%d training pairs in %d batches of ~%.0f padded tokens; %d accumulation steps; peak lr %.2e",
         len(train),

@@ -17,7 +17,8 @@ They are measured alternately after warm-up; the figures are medians of the repe
                 allocated).
 
 Speeds are target tokens per second; `ratios` are ours / Marian (speed: higher is better; memory: lower is better).
-Model FLOP utilisation divides the model's matrix-multiply FLOPs per second by a large matmul's, measured here.
+Model FLOP utilisation divides the matrix-multiply FLOPs of the real (unpadded) tokens per second by a large
+matmul's, measured here.
 """
 
 from __future__ import annotations
@@ -214,21 +215,23 @@ def matmul_peak(args) -> float:
 
 
 def training_flops(config: VanillaTransformerConfig, inputs: dict) -> float:
-    """Matrix-multiply FLOPs of one training step (3 x forward): projections, FFNs, attention, output layer."""
-    batch, source = inputs["input_ids"].shape
-    target = inputs["decoder_input_ids"].shape[1]
+    """Matrix-multiply FLOPs of one training step (3 x forward) on the real tokens: projections, FFNs, attention
+    and output layer, sentence by sentence. Work on padding is not counted: a model that skips it is not penalised,
+    one that computes it gets no credit."""
     d, v = config.d_model, config.vocab_size
-    encoder = config.encoder_layers * (
-        2 * batch * source * (4 * d * d + 2 * d * config.encoder_ffn_dim) + 4 * batch * source * source * d
-    )
-    decoder = config.decoder_layers * (
-        2 * batch * target * (4 * d * d + 2 * d * config.decoder_ffn_dim)  # self-attention projections + FFN
-        + 2 * batch * (target * 2 * d * d + source * 2 * d * d)  # cross-attention: q, out on target; k, v on source
-        + 4 * batch * target * target * d
-        + 4 * batch * target * source * d  # attention scores and mixing
-    )
-    output = 2 * batch * target * d * v
-    return 3 * (encoder + decoder + output)
+    sources = inputs["attention_mask"].sum(-1).tolist()
+    targets = (inputs["labels"] != -100).sum(-1).tolist()
+    total = 0
+    for s, t in zip(sources, targets, strict=True):
+        encoder = config.encoder_layers * (2 * s * (4 * d * d + 2 * d * config.encoder_ffn_dim) + 4 * s * s * d)
+        decoder = config.decoder_layers * (
+            2 * t * (4 * d * d + 2 * d * config.decoder_ffn_dim)  # self-attention projections + FFN
+            + 2 * (t * 2 * d * d + s * 2 * d * d)  # cross-attention: q, out on the target; k, v on the source
+            + 4 * t * t * d  # self-attention scores and mixing (the causal half counted whole, as is usual)
+            + 4 * t * s * d  # cross-attention scores and mixing
+        )
+        total += encoder + decoder + 2 * t * d * v
+    return 3 * total
 
 
 # ---------------------------------------------------------------------------------------------------------------------

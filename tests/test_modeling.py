@@ -267,6 +267,32 @@ def test_cross_attention_keys_and_values_are_projected_once_per_generate(model, 
     assert calls.count("k") == calls.count("v") == model.config.decoder_layers
 
 
+def test_beam_search_reorders_only_the_self_attention_cache_with_the_same_result(model, monkeypatch):
+    ids = random_ids(3, 7)
+    ids[2, 3:] = PAD
+    kwargs = dict(
+        attention_mask=(ids != PAD).long(),
+        num_beams=4,
+        num_return_sequences=2,
+        max_new_tokens=12,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    lean = model.generate(ids, **kwargs)
+    orders = []
+
+    def reorder_everything(past_key_values, beam_idx):  # transformers' own: self- and cross-attention caches
+        orders.append(beam_idx.clone())
+        past_key_values.reorder_cache(beam_idx)
+        return past_key_values
+
+    monkeypatch.setattr(model, "_reorder_cache", reorder_everything)
+    reference = model.generate(ids, **kwargs)
+    assert any(not torch.equal(order, torch.arange(len(order))) for order in orders)  # beams really moved
+    assert torch.equal(lean.sequences, reference.sequences)
+    assert torch.equal(lean.sequences_scores, reference.sequences_scores)
+
+
 def test_sampling_runs_with_the_cache(model):
     torch.manual_seed(0)
     out = model.generate(random_ids(2, 6), do_sample=True, num_beams=1, max_new_tokens=5, top_k=10)
@@ -511,3 +537,62 @@ def test_training_mode_projects_only_labelled_positions_with_the_same_loss_and_g
     assert torch.allclose(evaluation.loss, training.loss, atol=1e-6)
     for a, b in zip(eval_grads, train_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_layer_norm_runs_in_float32_under_cpu_autocast():
+    """CPU autocast would run LayerNorm in bf16; the model's LayerNorms normalise in float32 (as on CUDA)."""
+    model = tiny_model()
+    seen = []
+    hooks = [
+        module.register_forward_hook(lambda module, args, output: seen.append((module, args[0], output)))
+        for module in model.modules()
+        if isinstance(module, torch.nn.LayerNorm)
+    ]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(input_ids=random_ids(2, 6), decoder_input_ids=random_ids(2, 5, seed=1))
+    for hook in hooks:
+        hook.remove()
+    assert len(seen) == 2 * 2 + 2 * 3  # tiny: 2 encoder layers x 2 norms, 2 decoder layers x 3 norms
+    for module, inputs, output in seen:
+        assert output.dtype == torch.float32
+        expected = torch.nn.functional.layer_norm(inputs.float(), module.normalized_shape, module.weight, module.bias)
+        assert torch.equal(output, expected)
+    assert torch.isfinite(out.logits).all()
+    # Outside autocast it is plain nn.LayerNorm, in the input's dtype.
+    norm = seen[0][0]
+    half = torch.randn(3, norm.normalized_shape[0]).bfloat16()
+    assert norm.to(torch.bfloat16)(half).dtype == torch.bfloat16
+
+
+def test_padding_skips_the_feed_forward_and_changes_nothing_real(monkeypatch):
+    """Source padding and trailing target padding skip the FFN; real positions, the loss and every gradient are
+    those of the dense computation."""
+    model = tiny_model().train()
+    ids = random_ids(3, 9)
+    ids[0, 4:] = PAD
+    ids[2, 7:] = PAD
+    labels = random_ids(3, 8, seed=2)
+    labels[1, 3:] = -100
+    labels[2, 6:] = -100
+    inputs = dict(input_ids=ids, attention_mask=(ids != PAD).long(), labels=labels)
+    rows = []
+    hook = model.get_encoder().layers[0].ffn.fc1.register_forward_hook(lambda m, args, out: rows.append(args[0].shape))
+    hook_decoder = model.get_decoder().layers[0].ffn.fc1.register_forward_hook(lambda m, a, o: rows.append(a[0].shape))
+
+    def run():
+        model.zero_grad()
+        out = model(**inputs)
+        out.loss.backward()
+        return out.loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    packed_loss, packed_grads = run()
+    assert rows[0][0] == int((ids != PAD).sum())  # encoder: only the real source tokens
+    decoder_inputs = model.prepare_decoder_input_ids_from_labels(labels)
+    assert rows[1][0] == int((decoder_inputs != PAD).sum()) < labels.numel()  # decoder: up to the last real input
+    hook.remove()
+    hook_decoder.remove()
+    monkeypatch.setattr(type(model.get_encoder()), "real_token_index", staticmethod(lambda keep: None))
+    dense_loss, dense_grads = run()
+    assert torch.allclose(packed_loss, dense_loss, atol=1e-6)
+    for name, grad in dense_grads.items():
+        assert torch.allclose(packed_grads[name], grad, atol=1e-6), name

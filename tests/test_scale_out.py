@@ -154,44 +154,89 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_two_processes_equal_one_with_the_same_global_batch(tmp_path):
-    one = spec(tmp_path / "one", max_steps=6, save_steps=6, gradient_accumulation_steps=2)
-    two = spec(tmp_path / "two", max_steps=6, save_steps=6)
-    for description in (one, two):
-        description["recipe"]["dropout"] = 0.0  # dropout draws differ per process; the arithmetic must not
-    single = run_child(one)
-    assert single.returncode == 0, single.stderr[-3000:]
-    # `--cpu` makes accelerate start a single process (CPU processes are spread only through MPI); `--multi_gpu`
-    # starts them with torchrun, and without a GPU each trains on the CPU over gloo.
-    launcher = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),  # not torchrun's fixed 29500, which another job on the machine may hold
-    ]
-    double = run_child(two, launcher=launcher, script_dir=tmp_path)
-    assert double.returncode == 0, double.stderr[-3000:]
-    one_weights, two_weights = final_weights(tmp_path / "one", 6), final_weights(tmp_path / "two", 6)
+CONFIGS = Path(__file__).parent.parent / "configs" / "accelerate"
+# The shipped config files, made to fit this machine by the flags a user would change: two processes in all,
+# fp32, a free port. Without a GPU, accelerate's MULTI_GPU type starts CPU processes that train over gloo (`--cpu`
+# would start a single process: CPU processes are otherwise spread only through MPI).
+FITTED = ["--num_processes", "2", "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """6 updates of one process accumulating 2 batches: the reference of the multi-process runs."""
+    output = tmp_path_factory.mktemp("one")
+    description = spec(output, max_steps=6, save_steps=6, gradient_accumulation_steps=2)
+    description["recipe"]["dropout"] = 0.0  # dropout draws differ per process; the arithmetic must not
+    result = run_child(description)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return final_weights(output, 6)
+
+
+def assert_equal_to_one_process(one_weights: dict, output: Path) -> None:
+    two_weights = final_weights(output, 6)
     # A key bias shifts every score of a query by the same amount, which softmax ignores: its gradient is zero up
     # to rounding, and Adam scales that rounding noise to full-size steps. Every other weight must agree.
     noise = {key for key in one_weights if key.endswith("k_proj.bias")}
     assert len(noise) == 2 + 2 * 2  # encoder self-attention, decoder self- and cross-attention
-    for weights in (one_weights, two_weights):
-        for key in noise:
-            del weights[key]
-    assert_same_weights(one_weights, two_weights, atol=1e-6)
-    state = json.loads((tmp_path / "two" / "checkpoint-6" / "trainer_state.json").read_text())
+    assert_same_weights(
+        {k: v for k, v in one_weights.items() if k not in noise},
+        {k: v for k, v in two_weights.items() if k not in noise},
+        atol=1e-6,
+    )
+    state = json.loads((output / "checkpoint-6" / "trainer_state.json").read_text())
     assert state["global_step"] == 6
+
+
+def multi_process_spec(output: Path) -> dict:
+    description = spec(output, max_steps=6, save_steps=6)
+    description["recipe"]["dropout"] = 0.0
+    return description
+
+
+def test_two_processes_equal_one_with_the_same_global_batch(one_process, tmp_path):
+    launcher = [
+        *(sys.executable, "-m", "accelerate.commands.launch"),
+        *("--config_file", str(CONFIGS / "single_node_multi_gpu.yaml"), *FITTED),
+        *("--main_process_port", str(free_port())),
+    ]
+    double = run_child(multi_process_spec(tmp_path / "two"), launcher=launcher, script_dir=tmp_path)
+    assert double.returncode == 0, double.stderr[-3000:]
+    assert_equal_to_one_process(one_process, tmp_path / "two")
+
+
+def test_two_machines_equal_one_process(one_process, tmp_path):
+    """The multi-node config, as two "machines" on this one: ranks 0 and 1 meet at 127.0.0.1."""
+    port = str(free_port())
+    description = multi_process_spec(tmp_path / "nodes")
+    (tmp_path / "child.py").write_text(CHILD)
+    machines = []
+    for rank in (0, 1):
+        command = [
+            *(sys.executable, "-m", "accelerate.commands.launch"),
+            *("--config_file", str(CONFIGS / "multi_node.yaml"), *FITTED),
+            *("--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", port),
+            *(str(tmp_path / "child.py"), json.dumps(description)),
+        ]
+        environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        machines.append(
+            subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    for machine in machines:
+        _, stderr = machine.communicate(timeout=600)
+        assert machine.returncode == 0, stderr[-3000:]
+    assert_equal_to_one_process(one_process, tmp_path / "nodes")
+
+
+def test_the_fsdp_config_wraps_every_layer_class_of_the_model():
+    import yaml
+
+    from hf_vanilla_transformer import modeling_vanilla_transformer
+
+    config = yaml.safe_load((CONFIGS / "fsdp.yaml").read_text())
+    assert config["distributed_type"] == "FSDP" and config["fsdp_config"]["fsdp_version"] == 2
+    for name in config["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"].split(","):
+        assert isinstance(getattr(modeling_vanilla_transformer, name), type), name
+    assert config["fsdp_config"]["fsdp_state_dict_type"] == "FULL_STATE_DICT"  # averaging reads plain checkpoints
 
 
 def test_bf16_training_on_cpu_learns(tmp_path):
