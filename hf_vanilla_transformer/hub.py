@@ -110,7 +110,13 @@ PUBLISHED = (
     "configuration_vanilla_transformer.py",
     "modeling_vanilla_transformer.py",
 )
-REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "modeling_vanilla_transformer.py")
+REQUIRED = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "configuration_vanilla_transformer.py",
+    "modeling_vanilla_transformer.py",
+)
 
 
 class PublishError(RuntimeError):
@@ -144,7 +150,7 @@ def check_model_card(text: str):
     problems = []
     if data.pipeline_tag != "translation":
         problems.append(f"pipeline_tag is {data.pipeline_tag!r}, expected 'translation'")
-    if not data.language or len(data.language) < 2:
+    if not isinstance(data.language, list) or len(data.language) < 2:
         problems.append(f"language is {data.language!r}, expected the source and target languages")
     if not data.license:
         problems.append("license is missing")
@@ -242,8 +248,16 @@ def push_model_folder(
     """
     import tempfile
 
-    if not isinstance(repo_id, str) or repo_id.count("/") > 1 or not repo_id.strip("/"):
-        raise PublishError(f"repo_id={repo_id!r}: expected 'name' or 'user-or-organisation/name'.")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        if not isinstance(repo_id, str):
+            raise HFValidationError(f"not a string but {type(repo_id).__name__}")
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise PublishError(
+            f"repo_id={repo_id!r} is invalid: expected 'name' or 'user-or-organisation/name' ({error})"
+        ) from error
     with tempfile.TemporaryDirectory(prefix="hub-staging-") as staging:
         stage_for_hub(model_dir, staging, repo_id=repo_id)
         plan = upload_plan(staging)

@@ -196,9 +196,11 @@ class VanillaTransformerAttention(nn.Module):
 class VanillaTransformerLayerNorm(nn.LayerNorm):
     """`nn.LayerNorm` that normalises in float32 under autocast, on every device.
 
-    CUDA's autocast runs LayerNorm in float32 by itself; the CPU's runs it in bfloat16, which rounds the residual
-    stream of a post-LN model to 8 bits of mantissa after every sub-layer. Under autocast this returns float32 (as
-    CUDA's autocast does); outside autocast it is `nn.LayerNorm` (whose kernels accumulate in float32 for half types).
+    CUDA's autocast runs LayerNorm in float32 whatever its input; the CPU's has no rule for it and runs it in the
+    input's dtype. With float32 weights the input is float32 anyway (the residual stream starts from the float32
+    embeddings), but with bf16 weights (or bf16 `inputs_embeds`) CPU autocast would normalise in bf16 and round the
+    residual stream of this post-LN model to 8 bits of mantissa after every sub-layer. Under autocast this returns
+    float32, as CUDA's autocast does; outside autocast it is `nn.LayerNorm`.
     """
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -539,8 +541,16 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        token_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
+        r"""
+        token_mask (`torch.BoolTensor` of shape `(batch_size, target_length)`, *optional*):
+            The positions whose outputs are needed. Under the causal mask, positions after a sentence's last needed
+            one are seen by no needed position, so the FFN skips them (their outputs are then not the dense ones).
+            Set from the labels by `VanillaTransformerForConditionalGeneration`; without it, positions that a 2-D
+            `attention_mask` leaves out are skipped.
+        """
         if encoder_hidden_states is None:
             raise ValueError("The decoder needs encoder_hidden_states: the output of the encoder.")
         if use_cache and past_key_values is None:
@@ -575,15 +585,15 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
             encoder_hidden_states=encoder_hidden_states,
         )
 
-        # 3. The layers. Trailing target padding (after a sentence's last real token) is seen by no real position
-        #    under the causal mask, so its FFN is skipped, as are the positions a 2-D decoder mask leaves out.
+        # 3. The layers. The FFN skips positions no needed position can see: those after each sentence's last
+        #    needed one (from the labels, under the causal mask), or those a 2-D decoder mask leaves out.
         token_index = None
         if past_length == 0 and length > 1:
-            if attention_mask is not None and attention_mask.dim() == 2:
+            if token_mask is not None:
+                _check_mask("token_mask", token_mask, (batch, length))
+                token_index = self.real_token_index(token_mask.bool().flip(1).cummax(1).values.flip(1))
+            elif attention_mask is not None and attention_mask.dim() == 2:
                 token_index = self.real_token_index(attention_mask.bool())
-            elif input_ids is not None and self.config.pad_token_id is not None:
-                real = input_ids != self.config.pad_token_id
-                token_index = self.real_token_index(real.flip(1).cummax(1).values.flip(1))
         for layer in self.layers:
             hidden_states = layer(
                 hidden_states,
@@ -654,8 +664,13 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        decoder_token_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput:
+        r"""
+        decoder_token_mask (`torch.BoolTensor` of shape `(batch_size, target_length)`, *optional*):
+            The target positions whose outputs are needed (see `VanillaTransformerDecoder.forward`'s `token_mask`).
+        """
         # 1. Encode, unless generate() already did.
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
@@ -676,6 +691,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             past_key_values=past_key_values,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
+            token_mask=decoder_token_mask,
             **kwargs,
         )
         return Seq2SeqModelOutput(
@@ -885,6 +901,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
+            decoder_token_mask=(labels != -100) if labels is not None else None,
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,

@@ -35,12 +35,17 @@ class VanillaTranslationPipeline(Pipeline):
         return preprocess, generate_kwargs, postprocess
 
     def __call__(self, inputs, *args, **kwargs):
+        """A string gives a list of dicts, one per returned sequence (one unless `num_return_sequences` says more);
+        a list of strings gives one such dict per string, or a list of them per string with several sequences."""
         if isinstance(inputs, str):
             return super().__call__([inputs], *args, **kwargs)[0]
         if isinstance(inputs, (list, tuple)):
             if not all(isinstance(text, str) for text in inputs):
                 raise TypeError("The translation pipeline takes a string or a list of strings.")
-            return [result[0] for result in super().__call__(list(inputs), *args, **kwargs)]
+            if not inputs:
+                return []
+            results = super().__call__(list(inputs), *args, **kwargs)
+            return [result[0] for result in results] if all(len(result) == 1 for result in results) else results
         return super().__call__(inputs, *args, **kwargs)
 
     def preprocess(self, text: str, truncation: bool = False):
@@ -51,7 +56,10 @@ class VanillaTranslationPipeline(Pipeline):
     def _forward(self, model_inputs, **generate_kwargs):
         if hasattr(self, "_prepare_generate_kwargs"):  # adds what was passed to pipeline(...) itself
             generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
-        return {"output_ids": self.model.generate(**model_inputs, **generate_kwargs)}
+        sources = model_inputs["input_ids"].shape[0]
+        output_ids = self.model.generate(**model_inputs, **generate_kwargs)  # (sources * sequences, length)
+        # (sources, sequences, length): the pipeline splits batches along the first dimension, one source each.
+        return {"output_ids": output_ids.reshape(sources, -1, output_ids.shape[-1])}
 
     def postprocess(self, model_outputs, clean_up_tokenization_spaces: bool = False):
         return [
@@ -60,5 +68,5 @@ class VanillaTranslationPipeline(Pipeline):
                     ids, skip_special_tokens=True, clean_up_tokenization_spaces=clean_up_tokenization_spaces
                 ).strip()
             }
-            for ids in model_outputs["output_ids"]
+            for ids in model_outputs["output_ids"][0]
         ]

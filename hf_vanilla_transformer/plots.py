@@ -104,21 +104,19 @@ def attention_maps(model, tokenizer, sentence: str, translation: str | None = No
     def stack(layers):
         return torch.stack([layer[0].float().cpu() for layer in layers])
 
+    def readable(ids) -> list[str]:
+        # One label per token, as text (byte-level BPE tokens are bytes, so "für" would show as "fÃ¼r"); a token
+        # that starts a word gets "▁", and special tokens keep their names.
+        return [tokenizer.decode([i]).replace(" ", "▁") or tokenizer.convert_ids_to_tokens(i) for i in ids]
+
     return {
-        "source_tokens": tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist()),
-        "target_tokens": tokenizer.convert_ids_to_tokens(output_ids[1:].tolist())
-        if len(output_ids) > 1
-        else tokenizer.convert_ids_to_tokens(output_ids.tolist()),
-        "decoder_input_tokens": tokenizer.convert_ids_to_tokens(decoder_input_ids[0].tolist()),
+        "source_tokens": readable(inputs["input_ids"][0].tolist()),
+        "target_tokens": readable(output_ids[1:].tolist() if len(output_ids) > 1 else output_ids.tolist()),
+        "decoder_input_tokens": readable(decoder_input_ids[0].tolist()),
         "encoder": stack(outputs.encoder_attentions),
         "decoder": stack(outputs.decoder_attentions),
         "cross": stack(outputs.cross_attentions),
     }
-
-
-def _readable(tokens: list[str]) -> list[str]:
-    # Byte-level BPE marks a leading space with "Ġ"; show it as a visible word start instead.
-    return [token.replace("Ġ", "▁") for token in tokens]
 
 
 def plot_attention_grid(
@@ -138,11 +136,11 @@ def plot_attention_grid(
             axis.imshow(weights[layer, head].numpy(), cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
             axis.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=8)
             if labelled and head == 0:
-                axis.set_yticks(range(len(query_tokens)), _readable(query_tokens), fontsize=5)
+                axis.set_yticks(range(len(query_tokens)), query_tokens, fontsize=5)
             else:
                 axis.set_yticks([])
             if labelled and layer == layers - 1:
-                axis.set_xticks(range(len(key_tokens)), _readable(key_tokens), fontsize=5, rotation=90)
+                axis.set_xticks(range(len(key_tokens)), key_tokens, fontsize=5, rotation=90)
             else:
                 axis.set_xticks([])
     figure.suptitle(title)

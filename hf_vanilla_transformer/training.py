@@ -136,7 +136,7 @@ CPU_RECIPE = {
     "model_data": dict(
         preset="small",  # d_model 256, 3 + 3 layers, 4 heads, d_ff 1024
         vocab_size=8000,
-        max_tokens=4096,  # about 3,500 source + 3,500 target tokens per update
+        max_tokens=2048,  # about 1,700 source + 1,700 target tokens per update
         lr_scale=1.0,
         dropout=0.0,  # a short run does not overfit; dropout costs a quarter of the step on a CPU
         label_smoothing=0.1,
@@ -144,15 +144,15 @@ CPU_RECIPE = {
         average_last=5,
         attn_implementation="eager",  # faster than SDPA's CPU kernels at these lengths in bf16
         test_beams=4,
-        max_eval_samples=200,  # validation BLEU for the training curves: 200 pairs, greedy, every 600 updates
+        max_eval_samples=200,  # validation BLEU for the training curves: 200 pairs, greedy, every 900 updates
     ),
     "training": dict(
-        max_steps=3600,
+        max_steps=5400,
         warmup_steps=1000,
-        save_steps=300,
+        save_steps=450,
         logging_steps=100,
         eval_strategy="steps",
-        eval_steps=600,
+        eval_steps=900,
         generation_num_beams=1,
         bf16=cpu_has_fast_bf16(),
         include_num_input_tokens_seen="non_padding",
@@ -359,16 +359,19 @@ class TransformerTrainer(Seq2SeqTrainer):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def build_tokenizer(recipe: ModelDataArguments, corpus: DatasetDict, output_dir: Path) -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    recipe: ModelDataArguments, corpus: DatasetDict, output_dir: Path, save: bool = True
+) -> PreTrainedTokenizerFast:
     """The model's own tokenizer when fine-tuning; else the one of an interrupted run in `output_dir`; else a new
-    shared BPE learned on the training split (§5.1)."""
+    shared BPE learned on the training split (§5.1), saved in `output_dir` when `save` (the main process)."""
     if recipe.model_name_or_path:
         return AutoTokenizer.from_pretrained(recipe.model_name_or_path)
     saved = output_dir / "tokenizer"
     if (saved / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(saved)
     tokenizer = train_bpe_tokenizer(corpus_texts(corpus, "train"), vocab_size=recipe.vocab_size)
-    tokenizer.save_pretrained(saved)
+    if save:
+        tokenizer.save_pretrained(saved)
     return tokenizer
 
 
@@ -398,20 +401,41 @@ def build_model(recipe: ModelDataArguments, tokenizer) -> VanillaTransformerForC
     return model
 
 
+def check_schedule_arguments(args: TransformerTrainingArguments) -> None:
+    """The §5.3 schedule sets the learning rate at every step; refuse the Trainer flags it would silently ignore."""
+    default_rate = TransformerTrainingArguments.__dataclass_fields__["learning_rate"].default
+    if args.learning_rate != default_rate:
+        raise ValueError(
+            f"learning_rate={args.learning_rate} is not used: the §5.3 schedule sets the rate from d_model and "
+            "warmup_steps. Scale it with --lr_scale (peak = lr_scale * d_model^-0.5 * warmup_steps^-0.5)."
+        )
+    if str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)) != "linear":
+        raise ValueError(
+            f"lr_scheduler_type={args.lr_scheduler_type!r} is not supported: training always uses the §5.3 schedule "
+            "(warmup_steps, lr_scale)."
+        )
+
+
 def prepare_run(recipe: ModelDataArguments, args: TransformerTrainingArguments):
     """Everything `Trainer` needs, built from the two argument dataclasses. Returns (trainer, tokenizer, corpus)."""
+    check_schedule_arguments(args)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    corpus = load_corpus(
-        recipe.dataset,
-        recipe.source_lang,
-        recipe.target_lang,
-        recipe.data_files,
-        recipe.validation_files,
-        recipe.test_files,
-        recipe.data_cache_dir,
-    )
-    tokenizer = build_tokenizer(recipe, corpus, output_dir)
+    # Each machine's first process fetches the corpus into its cache, then the others read it instead of racing it
+    # to the same files. The main process learns and saves the tokenizer; the others load it where they can see
+    # it, else learn the same one (BPE learning is deterministic) without writing it.
+    with args.main_process_first(local=True, desc="corpus"):
+        corpus = load_corpus(
+            recipe.dataset,
+            recipe.source_lang,
+            recipe.target_lang,
+            recipe.data_files,
+            recipe.validation_files,
+            recipe.test_files,
+            recipe.data_cache_dir,
+        )
+    with args.main_process_first(local=False, desc="tokenizer"):
+        tokenizer = build_tokenizer(recipe, corpus, output_dir, save=args.should_save)
     encoded = tokenize_corpus(corpus, tokenizer, max_length=recipe.max_length)
     set_seed(args.seed)  # the initial weights depend on the seed alone (Trainer seeds only after the model exists)
     model = build_model(recipe, tokenizer)
@@ -499,10 +523,12 @@ def plot_sentence(sources: list[str]) -> str:
 
 def train_and_evaluate(
     recipe: ModelDataArguments, args: TransformerTrainingArguments, command: str = "", examples: int = 5
-) -> dict:
+) -> dict | None:
     """Train, average the last checkpoints, evaluate on the test split with beam search, and leave a complete model
     folder in `args.output_dir`: weights, config, generation config, tokenizer, remote-code files, `results.json`,
-    `training_log.json` and a `README.md` model card. Resumes from the newest complete checkpoint of the folder.
+    `training_log.json`, plots and a `README.md` model card. Resumes from the newest complete checkpoint of the
+    folder. Under several processes all of them train; the main process does the rest and returns the results,
+    the others return None.
     """
     from .averaging import average_last_checkpoints
     from .hub import write_model_card
@@ -512,13 +538,21 @@ def train_and_evaluate(
     started = time.time()
     trainer, tokenizer, corpus = prepare_run(recipe, args)
     output_dir = Path(args.output_dir)
-    resume = args.resume_from_checkpoint or latest_checkpoint(output_dir)
+    # The main process picks the checkpoint to resume from and every process takes the same one (on several
+    # machines, output_dir must be storage they share: only the main process writes checkpoints).
+    resume = _same_on_every_process(args.resume_from_checkpoint or latest_checkpoint(output_dir))
     if resume:
         validate_checkpoint(resume)
         logger.info("resuming from %s", resume)
     train_started = time.time()
     trainer.train(resume_from_checkpoint=resume)
     train_seconds = time.time() - train_started
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not args.should_save:
+        # Averaging, the test decoding and the model folder are the main process's work; the others are done.
+        if distributed:
+            torch.distributed.destroy_process_group()
+        return None
 
     # 1. Average the last checkpoints into the model folder (§6.1).
     model, averaged = average_last_checkpoints(output_dir, output_dir, last=recipe.average_last)
@@ -581,14 +615,19 @@ def train_and_evaluate(
         "command": command,
         "wall_seconds": time.time() - started,
     }
-    if args.should_save:
-        save_json(output_dir / "training_log.json", {"log_history": trainer.state.log_history})
-        save_json(output_dir / "results.json", results)
-        plots = write_run_plots(
-            model, tokenizer, trainer.state.log_history, output_dir / "plots", plot_sentence(sources)
-        )
-        write_model_card(output_dir, results, plots=[str(path.relative_to(output_dir)) for path in plots])
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
+    save_json(output_dir / "training_log.json", {"log_history": trainer.state.log_history})
+    save_json(output_dir / "results.json", results)
+    plots = write_run_plots(model, tokenizer, trainer.state.log_history, output_dir / "plots", plot_sentence(sources))
+    write_model_card(output_dir, results, plots=[str(path.relative_to(output_dir)) for path in plots])
+    if distributed:
         torch.distributed.destroy_process_group()
     return results
+
+
+def _same_on_every_process(value):
+    """`value` as the main process has it, on every process (a no-op in a single process)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return value
+    holder = [value]
+    torch.distributed.broadcast_object_list(holder, src=0)
+    return holder[0]

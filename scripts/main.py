@@ -48,6 +48,8 @@ def main() -> None:
         flush=True,
     )
     results = train_and_evaluate(recipe, args, command=shlex.join(["python", *sys.argv]))
+    if results is None:  # not the main process of a multi-process launch
+        return
 
     test = results["test"]
     print("\n" + "=" * 100)

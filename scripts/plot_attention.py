@@ -34,9 +34,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(options.model_dir)
     output_dir = Path(options.output_dir or Path(options.model_dir) / "plots")
     maps = attention_maps(model, tokenizer, options.sentence, options.translation)
-    translation = tokenizer.convert_tokens_to_string(
-        [token for token in maps["target_tokens"] if token not in tokenizer.all_special_tokens]
-    )
+    special = set(tokenizer.all_special_tokens)
+    translation = "".join(token for token in maps["target_tokens"] if token not in special).replace("▁", " ")
     print(f"source:      {options.sentence}\ntranslation: {translation.strip()}")
     for path in plot_attention_maps(maps, output_dir):
         print(f"wrote {path}")

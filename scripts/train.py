@@ -37,7 +37,7 @@ def main() -> None:
     parser = HfArgumentParser((ModelDataArguments, TransformerTrainingArguments))
     recipe, args = parser.parse_args_into_dataclasses()
     results = train_and_evaluate(recipe, args, command=shlex.join(["python", *sys.argv]))
-    if args.process_index == 0:
+    if results is not None:  # the main process
         test = results["test"]
         print(f"\ntest sacreBLEU {test['bleu']:.2f} ({test['bleu_signature']}), chrF {test['chrf']:.2f}")
         for example in results["examples"]:

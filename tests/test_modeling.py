@@ -540,8 +540,8 @@ def test_training_mode_projects_only_labelled_positions_with_the_same_loss_and_g
 
 
 def test_layer_norm_runs_in_float32_under_cpu_autocast():
-    """CPU autocast would run LayerNorm in bf16; the model's LayerNorms normalise in float32 (as on CUDA)."""
-    model = tiny_model()
+    """With bf16 weights, CPU autocast would run LayerNorm in bf16; the model's normalise in float32 (as on CUDA)."""
+    model = tiny_model().to(torch.bfloat16)
     seen = []
     hooks = [
         module.register_forward_hook(lambda module, args, output: seen.append((module, args[0], output)))
@@ -553,15 +553,19 @@ def test_layer_norm_runs_in_float32_under_cpu_autocast():
     for hook in hooks:
         hook.remove()
     assert len(seen) == 2 * 2 + 2 * 3  # tiny: 2 encoder layers x 2 norms, 2 decoder layers x 3 norms
+    assert seen[0][1].dtype == torch.bfloat16  # the first norm gets a bf16 residual stream: the case that matters
     for module, inputs, output in seen:
         assert output.dtype == torch.float32
-        expected = torch.nn.functional.layer_norm(inputs.float(), module.normalized_shape, module.weight, module.bias)
+        expected = torch.nn.functional.layer_norm(
+            inputs.float(), module.normalized_shape, module.weight.float(), module.bias.float()
+        )
         assert torch.equal(output, expected)
     assert torch.isfinite(out.logits).all()
-    # Outside autocast it is plain nn.LayerNorm, in the input's dtype.
-    norm = seen[0][0]
-    half = torch.randn(3, norm.normalized_shape[0]).bfloat16()
-    assert norm.to(torch.bfloat16)(half).dtype == torch.bfloat16
+    # Plain nn.LayerNorm would have stayed in bf16 there; outside autocast this one is plain nn.LayerNorm.
+    norm, first_input, _ = seen[0]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.nn.LayerNorm.forward(norm, first_input).dtype == torch.bfloat16
+    assert norm(first_input).dtype == torch.bfloat16
 
 
 def test_padding_skips_the_feed_forward_and_changes_nothing_real(monkeypatch):
@@ -573,11 +577,12 @@ def test_padding_skips_the_feed_forward_and_changes_nothing_real(monkeypatch):
     ids[2, 7:] = PAD
     labels = random_ids(3, 8, seed=2)
     labels[1, 3:] = -100
+    labels[1, 1] = -100  # a hole inside a sentence: position 2 still counts in the loss
     labels[2, 6:] = -100
     inputs = dict(input_ids=ids, attention_mask=(ids != PAD).long(), labels=labels)
     rows = []
-    hook = model.get_encoder().layers[0].ffn.fc1.register_forward_hook(lambda m, args, out: rows.append(args[0].shape))
-    hook_decoder = model.get_decoder().layers[0].ffn.fc1.register_forward_hook(lambda m, a, o: rows.append(a[0].shape))
+    stacks = (model.get_encoder(), model.get_decoder())
+    hooks = [stack.layers[0].ffn.fc1.register_forward_hook(lambda m, a, o: rows.append(a[0].shape)) for stack in stacks]
 
     def run():
         model.zero_grad()
@@ -587,12 +592,17 @@ def test_padding_skips_the_feed_forward_and_changes_nothing_real(monkeypatch):
 
     packed_loss, packed_grads = run()
     assert rows[0][0] == int((ids != PAD).sum())  # encoder: only the real source tokens
-    decoder_inputs = model.prepare_decoder_input_ids_from_labels(labels)
-    assert rows[1][0] == int((decoder_inputs != PAD).sum()) < labels.numel()  # decoder: up to the last real input
-    hook.remove()
-    hook_decoder.remove()
-    monkeypatch.setattr(type(model.get_encoder()), "real_token_index", staticmethod(lambda keep: None))
+    # decoder: each sentence up to its last labelled position (row 1 has a hole at 1 that is still computed)
+    assert rows[1][0] == 8 + 3 + 6 < labels.numel()
+    for hook in hooks:
+        hook.remove()
+    from hf_vanilla_transformer.modeling_vanilla_transformer import _VanillaTransformerStack
+
+    monkeypatch.setattr(_VanillaTransformerStack, "real_token_index", staticmethod(lambda keep: None))
+    rows.clear()
+    hooks = [stack.layers[0].ffn.fc1.register_forward_hook(lambda m, a, o: rows.append(a[0].shape)) for stack in stacks]
     dense_loss, dense_grads = run()
+    assert [shape[:2] for shape in rows] == [tuple(ids.shape), tuple(labels.shape)]  # the dense path really ran
     assert torch.allclose(packed_loss, dense_loss, atol=1e-6)
     for name, grad in dense_grads.items():
         assert torch.allclose(packed_grads[name], grad, atol=1e-6), name

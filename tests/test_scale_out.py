@@ -227,6 +227,18 @@ def test_two_machines_equal_one_process(one_process, tmp_path):
     assert_equal_to_one_process(one_process, tmp_path / "nodes")
 
 
+def test_fsdp_two_processes_equal_one_process(one_process, tmp_path):
+    """The FSDP config (FSDP2, layer-wise units, full state dicts), on two CPU processes over gloo."""
+    launcher = [
+        *(sys.executable, "-m", "accelerate.commands.launch"),
+        *("--config_file", str(CONFIGS / "fsdp.yaml"), *FITTED),
+        *("--main_process_port", str(free_port())),
+    ]
+    result = run_child(multi_process_spec(tmp_path / "fsdp"), launcher=launcher, script_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_equal_to_one_process(one_process, tmp_path / "fsdp")
+
+
 def test_the_fsdp_config_wraps_every_layer_class_of_the_model():
     import yaml
 
@@ -234,7 +246,10 @@ def test_the_fsdp_config_wraps_every_layer_class_of_the_model():
 
     config = yaml.safe_load((CONFIGS / "fsdp.yaml").read_text())
     assert config["distributed_type"] == "FSDP" and config["fsdp_config"]["fsdp_version"] == 2
-    for name in config["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"].split(","):
+    wrapped = config["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"].split(",")
+    model_class = modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration
+    assert set(wrapped) == set(model_class._no_split_modules)  # every layer class, and only those
+    for name in wrapped:
         assert isinstance(getattr(modeling_vanilla_transformer, name), type), name
     assert config["fsdp_config"]["fsdp_state_dict_type"] == "FULL_STATE_DICT"  # averaging reads plain checkpoints
 
@@ -262,3 +277,27 @@ def test_mixed_precision_training_on_gpu_learns(tmp_path, precision):
     state = json.loads((tmp_path / "checkpoint-40" / "trainer_state.json").read_text())
     losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0] - 0.5, losses
+
+
+def test_the_train_script_under_two_processes_leaves_one_complete_model_folder(tmp_path):
+    """Both processes train; the main one alone averages, evaluates and writes the folder (no race on its files,
+    no process waiting for checkpoints it cannot see), and both exit cleanly."""
+    fixture_40 = str(Path(FIXTURE).with_name("libreoffice_help_en_de_test_40.tsv"))
+    command = [
+        *(sys.executable, "-m", "accelerate.commands.launch"),
+        *("--config_file", str(CONFIGS / "single_node_multi_gpu.yaml"), *FITTED),
+        *("--main_process_port", str(free_port())),
+        str(Path(__file__).parent.parent / "scripts" / "train.py"),
+        *("--preset", "tiny", "--max_steps", "8", "--save_steps", "4", "--output_dir", str(tmp_path / "run")),
+        *("--data_files", FIXTURE, "--validation_files", fixture_40, "--test_files", fixture_40),
+        *("--vocab_size", "500", "--max_tokens", "300", "--average_last", "2", "--test_beams", "1"),
+        *("--disable_tqdm", "true", "--use_cpu", "true"),
+    ]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["averaged_checkpoints"] == ["checkpoint-4", "checkpoint-8"]
+    assert results["test"]["pairs"] == 40
+    assert result.stdout.count("test sacreBLEU") == 1  # printed by the main process only

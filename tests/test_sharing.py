@@ -116,8 +116,10 @@ def test_upload_builds_one_commit_of_every_staged_file(trained_folder, tmp_path)
 
 def test_no_token_is_a_clear_error_before_any_network(trained_folder, monkeypatch, tmp_path):
     folder, _ = trained_folder
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))  # no stored token
+    monkeypatch.setattr("huggingface_hub.constants.HF_TOKEN_PATH", str(tmp_path / "no_token"))  # no stored token
+    monkeypatch.setattr("huggingface_hub.constants.HF_STORED_TOKENS_PATH", str(tmp_path / "no_tokens"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
     monkeypatch.setattr("huggingface_hub.HfApi.create_repo", lambda *a, **k: pytest.fail("reached the network"))
     with pytest.raises(PublishError, match="No Hugging Face token"):
@@ -150,10 +152,11 @@ except PublishError as error:
 def test_a_folder_that_is_not_a_model_is_refused_with_the_missing_files(tmp_path):
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "config.json").write_text("{}")
-    with pytest.raises(PublishError, match="model.safetensors, tokenizer.json"):
+    with pytest.raises(PublishError, match="model.safetensors, tokenizer.json, configuration_vanilla_transformer.py"):
         push_model_folder(tmp_path / "half", "me/x", dry_run=True)
-    with pytest.raises(PublishError, match="repo_id='a/b/c'"):
-        push_model_folder(tmp_path / "half", "a/b/c", dry_run=True)
+    for bad in ("a/b/c", "me/", "me/with space"):
+        with pytest.raises(PublishError, match=f"repo_id={bad!r} is invalid"):
+            push_model_folder(tmp_path / "half", bad, dry_run=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -206,13 +209,22 @@ def test_pipeline_with_the_package_imported_matches_generate(trained_folder):
     assert [item["translation_text"] for item in batched] == [text.strip() for text in expected]
     with pytest.raises(TypeError, match="strings"):
         translator([1, 2])
+    assert translator([]) == []
+    # Several sequences per source: a list of them per source, in the order generate() returns them.
+    several = translator(sources[:2], batch_size=2, num_beams=3, num_return_sequences=2)
+    assert [len(items) for items in several] == [2, 2]
+    ids = model.generate(**tokenizer(sources[:1], return_tensors="pt"), num_beams=3, num_return_sequences=2)
+    assert [item["translation_text"] for item in several[0]] == [
+        text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)
+    ]
+    assert len(translator(sources[0], num_beams=3, num_return_sequences=2)) == 2
 
 
 def test_pipeline_through_remote_code_without_the_package(trained_folder, tmp_path):
     folder, _ = trained_folder
     stage_for_hub(folder, tmp_path / "stage", repo_id="me/x")
     sources = ["Choose Format - Cells.", "Tools"]
-    with_package = pipeline("translation", model=str(tmp_path / "stage"), trust_remote_code=True)
+    with_package = pipeline("translation", model=str(folder))  # this package's pipeline and model
     expected = [item["translation_text"] for item in with_package(sources, num_beams=2)]
     result = run_without_package(
         f"""

@@ -61,6 +61,13 @@ def _save_checkpoint(model, folder: Path) -> Path:
     return folder
 
 
+def test_flags_the_schedule_would_ignore_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"learning_rate=0.001 is not used.*--lr_scale"):
+        prepare_run(_recipe(), _args(tmp_path, learning_rate=1e-3))
+    with pytest.raises(ValueError, match="lr_scheduler_type=.*cosine.* is not supported"):
+        prepare_run(_recipe(), _args(tmp_path, lr_scheduler_type="cosine"))
+
+
 def test_averaging_two_checkpoints_is_the_elementwise_mean_with_ties_kept(tmp_path):
     first, second = tiny_model(seed=1), tiny_model(seed=2)
     a = _save_checkpoint(first, tmp_path / "run" / "checkpoint-10")
