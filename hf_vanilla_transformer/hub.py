@@ -95,16 +95,15 @@ PIPELINE_ENTRY = {
     "pt": ["AutoModelForSeq2SeqLM"],
     "type": "text",
 }
-# What a model folder publishes: the model, its tokenizer, its remote code, its card, results and pictures. Training
-# leftovers (checkpoint-*/, the tokenizer/ copy used for resuming, logs of the Trainer) stay home.
-PUBLISHED = (
-    "config.json",
+# What a model folder publishes: these files as they are; config.json with the pipeline added; the card rendered for
+# the repository; plots/*.png; the pipeline's code. Training leftovers (checkpoint-*/, the tokenizer/ copy used for
+# resuming) stay home.
+COPIED = (
     "generation_config.json",
     "model.safetensors",
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
-    "README.md",
     "results.json",
     "training_log.json",
     "configuration_vanilla_transformer.py",
@@ -164,7 +163,7 @@ def check_model_card(text: str):
 
 
 def stage_for_hub(model_dir: str | Path, staging_dir: str | Path, repo_id: str | None = None) -> list[Path]:
-    """Copy what `model_dir` publishes into `staging_dir`, ready to upload: the files of `PUBLISHED`, the plots, the
+    """Copy what `model_dir` publishes into `staging_dir`, ready to upload: the files of `COPIED`, the plots, the
     translation pipeline's code named in `config.json` (`custom_pipelines`), and a model card whose usage examples
     name `repo_id`. Returns the staged files. Raises `PublishError` if the folder is not a complete model folder.
     """
@@ -185,8 +184,8 @@ def stage_for_hub(model_dir: str | Path, staging_dir: str | Path, repo_id: str |
         raise PublishError(f"{model_dir / 'config.json'} has no auto_map; save the model with the package imported.")
     staging_dir.mkdir(parents=True, exist_ok=True)
     staged = []
-    for name in PUBLISHED:
-        if (model_dir / name).exists() and name not in ("config.json", "README.md"):
+    for name in COPIED:
+        if (model_dir / name).exists():
             staged.append(Path(shutil.copy2(model_dir / name, staging_dir / name)))
     for plot in sorted((model_dir / "plots").glob("*.png")):
         (staging_dir / "plots").mkdir(exist_ok=True)

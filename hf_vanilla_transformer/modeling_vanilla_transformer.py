@@ -727,11 +727,18 @@ def label_smoothed_loss(
         label_smoothing=epsilon,
         reduction="sum",
     )
+    return _per_target_token(loss, labels, num_items_in_batch)
+
+
+def _per_target_token(
+    total: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None
+) -> torch.Tensor:
+    """`total` divided by the update's target tokens (`num_items_in_batch`), else by the labelled tokens here."""
     if num_items_in_batch is None:
         num_items_in_batch = (labels != -100).sum().clamp(min=1)
     elif isinstance(num_items_in_batch, torch.Tensor):
-        num_items_in_batch = num_items_in_batch.to(loss.device)
-    return loss / num_items_in_batch
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
 
 
 class _LinearLabelSmoothedLoss(torch.autograd.Function):
@@ -795,11 +802,7 @@ def linear_label_smoothed_loss(
     device = hidden.device.type
     compute_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
     total = _LinearLabelSmoothedLoss.apply(hidden, weight, labels, float(epsilon), chunk_size, compute_dtype)
-    if num_items_in_batch is None:
-        num_items_in_batch = max(labels.numel(), 1)
-    elif isinstance(num_items_in_batch, torch.Tensor):
-        num_items_in_batch = num_items_in_batch.to(total.device)
-    return total / num_items_in_batch
+    return _per_target_token(total, labels, num_items_in_batch)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -889,6 +892,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             in eval mode (or without labels) the full `(batch, target_length, vocab)` logits are returned.
         """
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        labelled = None  # (B, T): the positions that count in the loss
         if labels is not None:
             _check_ids("labels", labels, self.config.vocab_size, allow=(-100,))
             pad, eos = self.config.pad_token_id, self.config.eos_token_id
@@ -897,11 +901,12 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+            labelled = labels != -100
 
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
-            decoder_token_mask=(labels != -100) if labels is not None else None,
+            decoder_token_mask=labelled,
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
@@ -916,9 +921,12 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         if labels is not None and self.training:
             # Training: project only the positions that count in the loss (padding costs nothing), chunk by chunk
             # so that the (tokens, vocabulary) logits never exist at once; `logits` stays None.
-            keep = labels != -100  # (B, T)
             loss = linear_label_smoothed_loss(
-                hidden_states[keep], self.lm_head.weight, labels[keep], self.config.label_smoothing, num_items_in_batch
+                hidden_states[labelled],
+                self.lm_head.weight,
+                labels[labelled],
+                self.config.label_smoothing,
+                num_items_in_batch,
             )
         else:
             logits = self.lm_head(hidden_states)  # (B, T, V)

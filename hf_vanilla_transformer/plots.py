@@ -20,6 +20,15 @@ def _pyplot():
     return plt
 
 
+def _save(figure, path: str | Path, dpi: int = 110) -> Path:
+    """Write `figure` to `path` (its folder created) and free it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=dpi)
+    _pyplot().close(figure)
+    return path
+
+
 def _series(log_history: list[dict], key: str) -> tuple[list[int], list[float]]:
     points = [(entry["step"], entry[key]) for entry in log_history if key in entry and "step" in entry]
     return [step for step, _ in points], [float(value) for _, value in points]
@@ -48,11 +57,7 @@ def plot_training_curves(log_history: list[dict], path: str | Path) -> Path:
         axis.set_title(title)
         axis.set_xlabel("update")
         axis.grid(alpha=0.3)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 def plot_positional_encoding(d_model: int, path: str | Path, length: int = 128, layout: str = "interleaved") -> Path:
@@ -67,11 +72,7 @@ def plot_positional_encoding(d_model: int, path: str | Path, length: int = 128, 
     axis.set_ylabel("position")
     axis.set_title(f"sinusoidal positional encoding, d_model {d_model}")
     figure.colorbar(image, ax=axis)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    return _save(figure, path)
 
 
 @torch.no_grad()
@@ -144,11 +145,7 @@ def plot_attention_grid(
             else:
                 axis.set_xticks([])
     figure.suptitle(title)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return _save(figure, path, dpi=100)
 
 
 def plot_attention(model, tokenizer, sentence: str, folder: str | Path, translation: str | None = None) -> list[Path]:

@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from accelerate.utils import broadcast_object_list
 from datasets import DatasetDict
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
@@ -213,14 +214,11 @@ class TrainingProgressCallback(ProgressCallback):
     """The progress bar, with one readable line per log instead of a dict: update, loss, learning rate, source
     tokens per second (padding excluded, all processes), validation BLEU when there is one, time so far and left."""
 
-    def __init__(self):
-        super().__init__()
-        self.started = None
-        self.last = None
-
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
-        self.started = self.last = (time.monotonic(), state.global_step, _tokens_seen(state))
+        now = time.monotonic()
+        self.started = (now, state.global_step)  # for the time left
+        self.last = (now, _tokens_seen(state))  # at the last training-loss line: for tokens/s
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or self.training_bar is None or not logs:
@@ -233,16 +231,16 @@ class TrainingProgressCallback(ProgressCallback):
             parts.append(f"lr {logs['learning_rate']:.2e}")
         if "eval_bleu" in logs:
             parts.append(f"validation BLEU {logs['eval_bleu']:.1f} (loss {logs.get('eval_loss', float('nan')):.3f})")
-        last_time, _last_step, last_tokens = self.last
+        last_time, last_tokens = self.last
         if now > last_time and tokens > last_tokens:
             parts.append(f"{(tokens - last_tokens) / (now - last_time):,.0f} source tok/s")
-        started_time, started_step, _ = self.started
+        started_time, started_step = self.started
         elapsed = now - started_time
         if step > started_step:
             left = elapsed / (step - started_step) * (state.max_steps - step)
             parts.append(f"{elapsed / 60:.1f} min, {left / 60:.1f} min left")
         if "loss" in logs:
-            self.last = (now, step, tokens)
+            self.last = (now, tokens)
         self.training_bar.write(" | ".join(parts))
 
 
@@ -280,8 +278,8 @@ def validate_checkpoint(folder: str | Path) -> Path:
     except Exception as error:
         raise CheckpointError(f"{folder / 'model.safetensors'} is corrupted or truncated: {error}") from error
     for path in sorted(folder.glob("*.pt")) + sorted(folder.glob("*.pth")):
-        try:
-            torch.load(path, map_location="cpu", weights_only=False)
+        try:  # memory-mapped: the archive and its index are checked, the tensors not read (Trainer reads them next)
+            torch.load(path, map_location="cpu", weights_only=False, mmap=True)
         except Exception as error:
             raise CheckpointError(f"{path} is corrupted or truncated: {error}") from error
     return folder
@@ -409,7 +407,7 @@ def check_schedule_arguments(args: TransformerTrainingArguments) -> None:
             f"learning_rate={args.learning_rate} is not used: the §5.3 schedule sets the rate from d_model and "
             "warmup_steps. Scale it with --lr_scale (peak = lr_scale * d_model^-0.5 * warmup_steps^-0.5)."
         )
-    if str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)) != "linear":
+    if args.lr_scheduler_type != "linear":  # a str enum after TrainingArguments.__post_init__
         raise ValueError(
             f"lr_scheduler_type={args.lr_scheduler_type!r} is not supported: training always uses the §5.3 schedule "
             "(warmup_steps, lr_scale)."
@@ -540,18 +538,16 @@ def train_and_evaluate(
     output_dir = Path(args.output_dir)
     # The main process picks the checkpoint to resume from and every process takes the same one (on several
     # machines, output_dir must be storage they share: only the main process writes checkpoints).
-    resume = _same_on_every_process(args.resume_from_checkpoint or latest_checkpoint(output_dir))
+    resume = broadcast_object_list([args.resume_from_checkpoint or latest_checkpoint(output_dir)])[0]
     if resume:
         validate_checkpoint(resume)
         logger.info("resuming from %s", resume)
     train_started = time.time()
     trainer.train(resume_from_checkpoint=resume)
     train_seconds = time.time() - train_started
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     if not args.should_save:
         # Averaging, the test decoding and the model folder are the main process's work; the others are done.
-        if distributed:
-            torch.distributed.destroy_process_group()
+        _leave_process_group()
         return None
 
     # 1. Average the last checkpoints into the model folder (§6.1).
@@ -619,15 +615,11 @@ def train_and_evaluate(
     save_json(output_dir / "results.json", results)
     plots = write_run_plots(model, tokenizer, trainer.state.log_history, output_dir / "plots", plot_sentence(sources))
     write_model_card(output_dir, results, plots=[str(path.relative_to(output_dir)) for path in plots])
-    if distributed:
-        torch.distributed.destroy_process_group()
+    _leave_process_group()
     return results
 
 
-def _same_on_every_process(value):
-    """`value` as the main process has it, on every process (a no-op in a single process)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return value
-    holder = [value]
-    torch.distributed.broadcast_object_list(holder, src=0)
-    return holder[0]
+def _leave_process_group() -> None:
+    """End this process's part in a multi-process launch (nothing to do in a single process)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -7,12 +7,7 @@ Usage:
 
 import argparse
 
-from hf_vanilla_transformer.runtime import keep_script_folder_off_path
-
-
-keep_script_folder_off_path(__file__)  # scripts/evaluate.py must not shadow the evaluate library
-
-from hf_vanilla_transformer.averaging import average_checkpoints, average_last_checkpoints  # noqa: E402
+from hf_vanilla_transformer.averaging import average_checkpoints, average_last_checkpoints
 
 
 def main() -> None:

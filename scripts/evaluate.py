@@ -12,16 +12,11 @@ Prints sacreBLEU with its signature, chrF, and (with --tokenized_bleu) the paper
 import argparse
 import json
 
-from hf_vanilla_transformer.runtime import keep_script_folder_off_path
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-
-keep_script_folder_off_path(__file__)  # scripts/evaluate.py must not shadow the evaluate library
-
-import torch  # noqa: E402
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
-
-from hf_vanilla_transformer.data import load_corpus  # noqa: E402
-from hf_vanilla_transformer.inference import evaluate_translations  # noqa: E402
+from hf_vanilla_transformer.data import load_corpus
+from hf_vanilla_transformer.inference import evaluate_translations
 
 
 def main() -> None:

@@ -15,10 +15,9 @@ import shlex
 import sys
 import time
 
-from hf_vanilla_transformer.runtime import keep_script_folder_off_path, use_fast_allocator
+from hf_vanilla_transformer.runtime import use_fast_allocator
 
 
-keep_script_folder_off_path(__file__)  # scripts/evaluate.py must not shadow the evaluate library
 use_fast_allocator()  # re-executes this script once with mimalloc preloaded (see runtime.py)
 
 from hf_vanilla_transformer.training import (  # noqa: E402

@@ -12,15 +12,10 @@ MODEL_DIR/plots): attention_encoder.png, attention_decoder.png, attention_cross.
 import argparse
 from pathlib import Path
 
-from hf_vanilla_transformer.runtime import keep_script_folder_off_path
+from transformers import AutoTokenizer
 
-
-keep_script_folder_off_path(__file__)  # scripts/evaluate.py must not shadow the evaluate library
-
-from transformers import AutoTokenizer  # noqa: E402
-
-from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
-from hf_vanilla_transformer.plots import attention_maps, plot_attention_maps  # noqa: E402
+from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.plots import attention_maps, plot_attention_maps
 
 
 def main() -> None:

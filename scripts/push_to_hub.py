@@ -14,12 +14,7 @@ with a message before anything is uploaded.
 import argparse
 import sys
 
-from hf_vanilla_transformer.runtime import keep_script_folder_off_path
-
-
-keep_script_folder_off_path(__file__)  # scripts/evaluate.py must not shadow the evaluate library
-
-from hf_vanilla_transformer.hub import PublishError, push_model_folder  # noqa: E402
+from hf_vanilla_transformer.hub import PublishError, push_model_folder
 
 
 def human(size: int) -> str:

@@ -17,10 +17,9 @@ import logging
 import shlex
 import sys
 
-from hf_vanilla_transformer.runtime import keep_script_folder_off_path, use_fast_allocator
+from hf_vanilla_transformer.runtime import use_fast_allocator
 
 
-keep_script_folder_off_path(__file__)  # scripts/evaluate.py must not shadow the evaluate library
 use_fast_allocator()  # re-executes this script once with mimalloc preloaded (see runtime.py)
 
 from transformers import HfArgumentParser  # noqa: E402

@@ -11,15 +11,10 @@ generation config (the paper's beam 4, GNMT length penalty 0.6, source length + 
 import argparse
 import sys
 
-from hf_vanilla_transformer.runtime import keep_script_folder_off_path
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-
-keep_script_folder_off_path(__file__)  # scripts/evaluate.py must not shadow the evaluate library
-
-import torch  # noqa: E402
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
-
-from hf_vanilla_transformer.inference import translate  # noqa: E402
+from hf_vanilla_transformer.inference import translate
 
 
 def main() -> None:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-
-ROOT = Path(__file__).parent.parent
+from conftest import ROOT
 
 
 def test_benchmark_reports_every_case_and_ratio(tmp_path):

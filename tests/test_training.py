@@ -23,13 +23,11 @@ from hf_vanilla_transformer.training import (
     prepare_run,
 )
 
-from conftest import tiny_model
+from conftest import FIXTURES, ROOT, tiny_model
 
 
-FIXTURES = Path(__file__).parent / "fixtures"
 TRAIN_200 = str(FIXTURES / "libreoffice_help_en_de_200.tsv")
 OTHER_40 = str(FIXTURES / "libreoffice_help_en_de_test_40.tsv")
-ROOT = Path(__file__).parent.parent
 
 
 def test_schedule_equals_the_paper_formula_step_by_step():
@@ -189,6 +187,37 @@ def test_the_train_script_leaves_a_complete_model_folder(trained_folder):
     assert model.generation_config.num_beams == 4
     # evaluating with generate() during training must not leave transformers' global defaults (max_length 20) behind
     assert "max_length" not in json.loads((output / "generation_config.json").read_text())
+
+
+def test_the_evaluate_and_translate_scripts_read_a_trained_folder(trained_folder, tmp_path):
+    """Run from scripts/, next to scripts/evaluate.py: the `evaluate` library must still be the one imported."""
+    output, _ = trained_folder
+    scored = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "evaluate.py"),
+            str(output),
+            "--data_files",
+            OTHER_40,
+            "--num_beams",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    summary = json.loads(scored.stdout)
+    assert summary["pairs"] == 40 and "nrefs:1" in summary["signature"]
+    translated = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "translate.py"), str(output), "--num_beams", "1"],
+        input="Tools\nChoose Format - Cells.\n",
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert translated.returncode == 0, translated.stderr[-3000:]
+    assert len(translated.stdout.splitlines()) == 2
 
 
 @pytest.mark.slow
