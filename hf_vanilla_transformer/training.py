@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import logging
 import math
@@ -528,6 +529,14 @@ def train_and_evaluate(
     folder. Under several processes all of them train; the main process does the rest and returns the results,
     the others return None.
     """
+    results = _train_and_evaluate(recipe, args, command, examples)
+    leave_process_group()  # after the trainer is gone: see leave_process_group
+    return results
+
+
+def _train_and_evaluate(
+    recipe: ModelDataArguments, args: TransformerTrainingArguments, command: str, examples: int
+) -> dict | None:
     from .averaging import average_last_checkpoints
     from .hub import write_model_card
     from .inference import evaluate_translations
@@ -547,7 +556,6 @@ def train_and_evaluate(
     train_seconds = time.time() - train_started
     if not args.should_save:
         # Averaging, the test decoding and the model folder are the main process's work; the others are done.
-        _leave_process_group()
         return None
 
     # 1. Average the last checkpoints into the model folder (§6.1).
@@ -615,11 +623,19 @@ def train_and_evaluate(
     save_json(output_dir / "results.json", results)
     plots = write_run_plots(model, tokenizer, trainer.state.log_history, output_dir / "plots", plot_sentence(sources))
     write_model_card(output_dir, results, plots=[str(path.relative_to(output_dir)) for path in plots])
-    _leave_process_group()
     return results
 
 
-def _leave_process_group() -> None:
-    """End this process's part in a multi-process launch (nothing to do in a single process)."""
+def leave_process_group() -> None:
+    """End this process's part in a multi-process launch (nothing to do in a single process). Call it once the
+    run's trainer is unreachable.
+
+    The order matters under gloo: a DDP reducer keeps a reference to the process group, and if the reducer drops
+    the last one, the group's destructor runs with the GIL held and joins gloo's worker threads, which may be
+    waiting for the GIL to free the tensors of the last collective (Trainer's final all-gather): a hang, or an
+    abort when it happens at interpreter exit. So the trainer goes first (collected here), then the group, whose
+    last reference is dropped from Python, whose binding releases the GIL while the threads stop.
+    """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gc.collect()
         torch.distributed.destroy_process_group()

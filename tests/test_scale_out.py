@@ -27,7 +27,8 @@ CHILD = textwrap.dedent(
     """
     import json, os, signal, sys
     from hf_vanilla_transformer.training import (
-        ModelDataArguments, TransformerTrainer, TransformerTrainingArguments, latest_checkpoint, prepare_run,
+        ModelDataArguments, TransformerTrainer, TransformerTrainingArguments, latest_checkpoint, leave_process_group,
+        prepare_run,
     )
     spec = json.loads(sys.argv[1])
     recipe = ModelDataArguments(**spec["recipe"])
@@ -50,9 +51,8 @@ CHILD = textwrap.dedent(
                     os.kill(os.getpid(), signal.SIGKILL)
         trainer.add_callback(Die())
     trainer.train(resume_from_checkpoint=latest_checkpoint(args.output_dir))
-    import torch.distributed
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    del trainer  # before the process group: see leave_process_group
+    leave_process_group()
     """
 )
 
@@ -83,7 +83,7 @@ def run_child(description: dict, launcher: list[str] | None = None, script_dir: 
         command = [*launcher, str(path), json.dumps(description)]
     else:
         command = [sys.executable, "-c", CHILD, json.dumps(description)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment)
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
 
 
 def final_weights(output_dir: Path, step: int = 20) -> dict[str, torch.Tensor]:
@@ -222,7 +222,7 @@ def test_two_machines_equal_one_process(one_process, tmp_path):
             subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         )
     for machine in machines:
-        _, stderr = machine.communicate(timeout=600)
+        _, stderr = machine.communicate(timeout=300)
         assert machine.returncode == 0, stderr[-3000:]
     assert_equal_to_one_process(one_process, tmp_path / "nodes")
 
@@ -294,7 +294,7 @@ def test_the_train_script_under_two_processes_leaves_one_complete_model_folder(t
         *("--disable_tqdm", "true", "--use_cpu", "true"),
     ]
     result = subprocess.run(
-        command, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"}
     )
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
