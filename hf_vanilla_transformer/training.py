@@ -11,12 +11,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import json
 import logging
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -37,6 +39,7 @@ from transformers import (
     TrainerCallback,
     set_seed,
 )
+from transformers.utils import logging as hf_logging
 
 from .batching import TokenBudgetBatchSampler, accumulation_steps
 from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
@@ -121,6 +124,13 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     ddp_find_unused_parameters: bool | None = field(
         default=False, metadata={"help": "Every parameter gets a gradient; DDP need not search for unused ones."}
     )
+    include_num_input_tokens_seen: str = field(  # a str on the command line (transformers' str | bool reads bools)
+        default="non_padding",
+        metadata={
+            "help": "Count the source tokens trained on: non_padding (for the progress line's tokens/s), all or no.",
+            "choices": ["non_padding", "all", "no"],
+        },
+    )
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -157,7 +167,6 @@ CPU_RECIPE = {
         eval_steps=900,
         generation_num_beams=1,
         bf16=cpu_has_fast_bf16(),
-        include_num_input_tokens_seen="non_padding",
         use_cpu=True,
     ),
 }
@@ -221,6 +230,21 @@ class TrainingProgressCallback(ProgressCallback):
         self.started = (now, state.global_step)  # for the time left
         self.last = (now, _tokens_seen(state))  # at the last training-loss line: for tokens/s
 
+    def on_evaluate(self, args, state, control, **kwargs):
+        super().on_evaluate(args, state, control, **kwargs)
+        self.last = (time.monotonic(), _tokens_seen(state))  # tokens/s counts training time only
+
+    def on_save(self, args, state, control, **kwargs):
+        super().on_save(args, state, control, **kwargs)
+        self.last = (time.monotonic(), _tokens_seen(state))
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        # Under the training bar, the validation bar is drawn one line below and erased when done by moving the
+        # cursor up; in a log file (no terminal) that leaves "\x1b[A" behind, so there validation runs without one.
+        if self.training_bar is not None and not sys.stderr.isatty():
+            return
+        super().on_prediction_step(args, state, control, eval_dataloader=eval_dataloader, **kwargs)
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or self.training_bar is None or not logs:
             return
@@ -243,6 +267,20 @@ class TrainingProgressCallback(ProgressCallback):
         if "loss" in logs:
             self.last = (now, tokens)
         self.training_bar.write(" | ".join(parts))
+
+
+@contextlib.contextmanager
+def _without_nested_bars():
+    """No transformers progress bars (such as save_pretrained's "Writing model shards") inside the training bar when
+    the output is a log file: placed one line below it, they move the cursor up and leave "\x1b[A" behind."""
+    if sys.stderr.isatty() or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def _tokens_seen(state) -> int:
@@ -336,7 +374,8 @@ class TransformerTrainer(Seq2SeqTrainer):
         checkpoint interrupted at any moment (SIGKILL included) is never mistaken for a complete one."""
         from .averaging import COMPLETE
 
-        super()._save_checkpoint(model, trial)
+        with _without_nested_bars():
+            super()._save_checkpoint(model, trial)
         folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
         self.accelerator.wait_for_everyone()
         if self.args.should_save:

@@ -43,7 +43,8 @@ ROOT = Path(__file__).parent.parent
 @pytest.fixture(scope="session")
 def trained_folder(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """A model folder written by scripts/train.py: a tiny model trained 30 updates on 200 real pairs, evaluated
-    (validation BLEU every 15 updates, test BLEU), averaged, with its card and plots. Shared by the tests that read
+    (validation BLEU every 15 updates, test BLEU), averaged, with its card and plots; its progress output goes to
+    pipes, as into a log file. Shared by the tests that read
     such a folder (training, sharing, pipeline); they must not modify it."""
     output = tmp_path_factory.mktemp("trained") / "run"
     command = [
@@ -53,7 +54,7 @@ def trained_folder(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]
         *("--data_files", str(FIXTURES / "libreoffice_help_en_de_200.tsv")),
         *("--validation_files", str(FIXTURES / "libreoffice_help_en_de_test_40.tsv")),
         *("--test_files", str(FIXTURES / "libreoffice_help_en_de_test_40.tsv")),
-        *("--vocab_size", "500", "--save_steps", "10", "--average_last", "3", "--disable_tqdm", "true"),
+        *("--vocab_size", "500", "--save_steps", "10", "--average_last", "3"),
         *("--test_beams", "2", "--logging_steps", "5"),
         *("--eval_strategy", "steps", "--eval_steps", "15", "--max_eval_samples", "10", "--generation_num_beams", "1"),
     ]

@@ -189,6 +189,19 @@ def test_the_train_script_leaves_a_complete_model_folder(trained_folder):
     assert "max_length" not in json.loads((output / "generation_config.json").read_text())
 
 
+def test_the_progress_lines_read_well_in_a_log_file(trained_folder):
+    """Not a terminal: one line per log, training speed in source tokens (counted by Trainer, padding excluded,
+    checkpoint and validation time left out) and no cursor movements from bars nested in the training bar."""
+    _, result = trained_folder
+    lines = [line for line in result.stdout.splitlines() if line.startswith("update ")]
+    training = [line for line in lines if "| loss " in line]
+    assert [line.split()[1] for line in training] == [f"{step}/30" for step in range(5, 31, 5)]
+    rates = [float(re.search(r"\| ([\d,]+) source tok/s", line)[1].replace(",", "")) for line in training]
+    assert all(rate > 0 for rate in rates), training
+    assert [line.split()[1] for line in lines if "validation BLEU" in line] == ["15/30", "30/30"]
+    assert "\x1b[" not in result.stdout + result.stderr
+
+
 def test_the_evaluate_and_translate_scripts_read_a_trained_folder(trained_folder, tmp_path):
     """Run from scripts/, next to scripts/evaluate.py: the `evaluate` library must still be the one imported."""
     output, _ = trained_folder
