@@ -89,12 +89,6 @@ def write_model_card(folder: str | Path, results: dict, plots: list[str] | None 
 # Publishing a model folder to the Hub
 # ---------------------------------------------------------------------------------------------------------------------
 
-PIPELINE_FILE = "pipeline_vanilla_transformer.py"
-PIPELINE_ENTRY = {
-    "impl": "pipeline_vanilla_transformer.VanillaTranslationPipeline",
-    "pt": ["AutoModelForSeq2SeqLM"],
-    "type": "text",
-}
 # What a model folder publishes: these files as they are; config.json with the pipeline added; the card rendered for
 # the repository; plots/*.png; the pipeline's code. Training leftovers (checkpoint-*/, the tokenizer/ copy used for
 # resuming) stay home.
@@ -123,13 +117,14 @@ class PublishError(RuntimeError):
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions a failed connection raises, whichever HTTP client this huggingface_hub uses."""
+    """The exceptions a failed connection raises: OSError (huggingface_hub's own, OfflineModeIsEnabled among them)
+    and the TransportError of its HTTP client, which is none (httpx2 for huggingface_hub 2, httpx for 1)."""
     import importlib
 
     errors: list[type[BaseException]] = [OSError]
-    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"), ("requests", "ConnectionError")):
-        with contextlib.suppress(ImportError, AttributeError):
-            errors.append(getattr(importlib.import_module(module), name))
+    for module in ("httpx2", "httpx"):
+        with contextlib.suppress(ImportError):
+            errors.append(importlib.import_module(module).TransportError)
     return tuple(errors)
 
 
@@ -167,8 +162,11 @@ def stage_for_hub(model_dir: str | Path, staging_dir: str | Path, repo_id: str |
     translation pipeline's code named in `config.json` (`custom_pipelines`), and a model card whose usage examples
     name `repo_id`. Returns the staged files. Raises `PublishError` if the folder is not a complete model folder.
     """
+    import inspect
     import json
     import shutil
+
+    from .pipeline_vanilla_transformer import VanillaTranslationPipeline
 
     model_dir, staging_dir = Path(model_dir), Path(staging_dir)
     if not model_dir.is_dir():
@@ -190,9 +188,14 @@ def stage_for_hub(model_dir: str | Path, staging_dir: str | Path, repo_id: str |
     for plot in sorted((model_dir / "plots").glob("*.png")):
         (staging_dir / "plots").mkdir(exist_ok=True)
         staged.append(Path(shutil.copy2(plot, staging_dir / "plots" / plot.name)))
-    # The pipeline travels with the model: its file, and its name in the config (see pipeline_vanilla_transformer).
-    staged.append(Path(shutil.copy2(Path(__file__).with_name(PIPELINE_FILE), staging_dir / PIPELINE_FILE)))
-    config["custom_pipelines"] = {"translation": PIPELINE_ENTRY}
+    # The pipeline travels with the model: its file, and its registration (__init__.py) in the config, written as
+    # Pipeline.save_pretrained writes it: the class named in that file, the model classes by name.
+    source = Path(inspect.getfile(VanillaTranslationPipeline))
+    staged.append(Path(shutil.copy2(source, staging_dir / source.name)))
+    config["custom_pipelines"] = {
+        task: {**info, "impl": f"{source.stem}.{info['impl'].__name__}", "pt": [model.__name__ for model in info["pt"]]}
+        for task, info in VanillaTranslationPipeline._registered_impl.items()
+    }
     (staging_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     staged.append(staging_dir / "config.json")
     # The card: rendered again from the results so that its examples name the repository, else the folder's own.
@@ -220,15 +223,15 @@ def upload_plan(staging_dir: str | Path) -> list[tuple[str, int]]:
     )
 
 
-def commit_operations(staging_dir: str | Path) -> list:
-    """One `CommitOperationAdd` per staged file: the whole folder goes up in a single commit, or not at all."""
+def commit_operations(staging_dir: str | Path, plan: list[tuple[str, int]] | None = None) -> list:
+    """One `CommitOperationAdd` per staged file (those of `plan`, by default `upload_plan(staging_dir)`): the whole
+    folder goes up in a single commit, or not at all."""
     from huggingface_hub import CommitOperationAdd
 
     staging_dir = Path(staging_dir)
-    return [
-        CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(staging_dir / path))
-        for path, _ in upload_plan(staging_dir)
-    ]
+    if plan is None:
+        plan = upload_plan(staging_dir)
+    return [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(staging_dir / path)) for path, _ in plan]
 
 
 def push_model_folder(
@@ -263,7 +266,7 @@ def push_model_folder(
         if dry_run:
             return plan, None
         from huggingface_hub import HfApi, get_token
-        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+        from huggingface_hub.errors import HfHubHTTPError
 
         token = token or get_token()
         if not token:
@@ -275,13 +278,13 @@ def push_model_folder(
             url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
             commit = api.create_commit(
                 repo_id=url.repo_id,
-                operations=commit_operations(staging),
+                operations=commit_operations(staging, plan),
                 commit_message=commit_message,
                 repo_type="model",
             )
-        except HfHubHTTPError as error:
+        except HfHubHTTPError as error:  # an OSError too: before the transport errors
             raise PublishError(f"The Hub refused the upload to {repo_id}: {error}. Nothing was committed.") from error
-        except (*_transport_errors(), OfflineModeIsEnabled) as error:  # no network, DNS failures, timeouts, offline
+        except _transport_errors() as error:  # no network, DNS failures, timeouts, offline
             raise PublishError(
                 f"Cannot reach the Hugging Face Hub ({error.__class__.__name__}: {error}). Nothing was uploaded; "
                 "check the network (or HF_ENDPOINT) and try again."

@@ -37,16 +37,16 @@ class VanillaTranslationPipeline(Pipeline):
     def __call__(self, inputs, *args, **kwargs):
         """A string gives a list of dicts, one per returned sequence (one unless `num_return_sequences` says more);
         a list of strings gives one such dict per string, or a list of them per string with several sequences."""
-        if isinstance(inputs, str):
-            return super().__call__([inputs], *args, **kwargs)[0]
-        if isinstance(inputs, (list, tuple)):
-            if not all(isinstance(text, str) for text in inputs):
-                raise TypeError("The translation pipeline takes a string or a list of strings.")
-            if not inputs:
-                return []
-            results = super().__call__(list(inputs), *args, **kwargs)
-            return [result[0] for result in results] if all(len(result) == 1 for result in results) else results
-        return super().__call__(inputs, *args, **kwargs)
+        if isinstance(inputs, tuple):
+            inputs = list(inputs)  # Pipeline batches lists only; it would hand a tuple to preprocess as one input
+        if not isinstance(inputs, list):
+            return super().__call__(inputs, *args, **kwargs)
+        if not inputs:
+            return []  # Pipeline looks at inputs[0] to tell chats apart
+        if not all(isinstance(text, str) for text in inputs):  # before any sentence is translated
+            raise TypeError("The translation pipeline takes a string or a list of strings.")
+        results = super().__call__(inputs, *args, **kwargs)
+        return [result[0] for result in results] if all(len(result) == 1 for result in results) else results
 
     def preprocess(self, text: str, truncation: bool = False):
         if not isinstance(text, str):

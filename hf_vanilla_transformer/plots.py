@@ -48,12 +48,12 @@ def plot_training_curves(log_history: list[dict], path: str | Path) -> Path:
     figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), constrained_layout=True)
     for axis, (key, title) in zip(axes, panels, strict=True):
         steps, values = _series(log_history, key)
-        axis.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3)
+        axis.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=title)
         if key == "loss":
             eval_steps, eval_loss = _series(log_history, "eval_loss")
             if eval_steps:
                 axis.plot(eval_steps, eval_loss, marker="o", markersize=3, label="validation loss")
-                axis.legend([title, "validation loss"])
+                axis.legend()
         axis.set_title(title)
         axis.set_xlabel("update")
         axis.grid(alpha=0.3)
@@ -79,8 +79,11 @@ def plot_positional_encoding(d_model: int, path: str | Path, length: int = 128, 
 def attention_maps(model, tokenizer, sentence: str, translation: str | None = None) -> dict:
     """Attention weights of every layer and head for `sentence` and its translation (the model's own, by default).
 
-    Returns {"source_tokens", "target_tokens", "encoder", "decoder", "cross"}; each attention entry is a float
-    tensor (layers, heads, queries, keys). The weights come from the eager attention, whatever the model uses.
+    Returns {"source_tokens", "target_tokens", "decoder_input_tokens", "translation", "encoder", "decoder", "cross"}:
+    one readable label per token of the source, of the target and of the decoder's input (the target shifted right:
+    the queries of the decoder and cross maps); the translation as text, special tokens left out; and each attention
+    entry a float tensor (layers, heads, queries, keys). The weights come from the eager attention, whatever the
+    model uses.
     """
     if not isinstance(sentence, str) or not sentence.strip():
         raise ValueError(f"sentence={sentence!r}: expected a non-empty string.")
@@ -94,7 +97,11 @@ def attention_maps(model, tokenizer, sentence: str, translation: str | None = No
         output_ids = torch.tensor([model.config.decoder_start_token_id, *labels], device=device)
     # The decoder reads everything but the last token; its queries are the positions that predicted the next one.
     output_ids = output_ids[output_ids != model.config.pad_token_id]
-    decoder_input_ids = output_ids[:-1][None] if len(output_ids) > 1 else output_ids[None]
+    if len(output_ids) > 1:
+        decoder_ids, target_ids = output_ids[:-1], output_ids[1:]
+    else:
+        decoder_ids = target_ids = output_ids
+    decoder_input_ids = decoder_ids[None]
     previous = model.config._attn_implementation
     model.set_attn_implementation("eager")
     try:
@@ -112,8 +119,9 @@ def attention_maps(model, tokenizer, sentence: str, translation: str | None = No
 
     return {
         "source_tokens": readable(inputs["input_ids"][0].tolist()),
-        "target_tokens": readable(output_ids[1:].tolist() if len(output_ids) > 1 else output_ids.tolist()),
-        "decoder_input_tokens": readable(decoder_input_ids[0].tolist()),
+        "target_tokens": readable(target_ids.tolist()),
+        "decoder_input_tokens": readable(decoder_ids.tolist()),
+        "translation": tokenizer.decode(output_ids, skip_special_tokens=True),
         "encoder": stack(outputs.encoder_attentions),
         "decoder": stack(outputs.decoder_attentions),
         "cross": stack(outputs.cross_attentions),
@@ -178,10 +186,7 @@ def write_run_plots(model, tokenizer, log_history: list[dict], folder: str | Pat
         paths.append(plot_training_curves(log_history, folder / "training_curves.png"))
     paths.append(
         plot_positional_encoding(
-            model.config.d_model,
-            folder / "positional_encoding.png",
-            length=128,
-            layout=model.config.sinusoid_layout,
+            model.config.d_model, folder / "positional_encoding.png", layout=model.config.sinusoid_layout
         )
     )
     paths.extend(plot_attention(model, tokenizer, sentence, folder))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import subprocess
@@ -34,10 +33,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from transformers import MarianConfig, MarianMTModel
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.modeling_vanilla_transformer import label_smoothed_loss, shift_tokens_right
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -87,10 +86,10 @@ def build_models(args) -> dict[str, torch.nn.Module]:
     return models
 
 
-def training_batch(args, ragged: bool) -> dict[str, torch.Tensor]:
+def training_batch(config: VanillaTransformerConfig, args, ragged: bool) -> dict[str, torch.Tensor]:
     """16 pairs: 32 -> 32 tokens (dense), or 8-64 tokens each side, right-padded (ragged)."""
     generator = torch.Generator().manual_seed(1)
-    batch, pad = 16, 1
+    batch, pad = 16, config.pad_token_id
     if ragged:
         source_lengths = torch.randint(8, 65, (batch,), generator=generator)
         target_lengths = torch.randint(8, 65, (batch,), generator=generator)
@@ -105,8 +104,7 @@ def training_batch(args, ragged: bool) -> dict[str, torch.Tensor]:
         labels[i, : target_lengths[i]] = torch.randint(
             4, args.vocab_size, (int(target_lengths[i]),), generator=generator
         )
-    decoder_input_ids = torch.cat([torch.zeros(batch, 1, dtype=torch.long), labels[:, :-1]], dim=1)
-    decoder_input_ids = decoder_input_ids.masked_fill(decoder_input_ids == -100, pad)
+    decoder_input_ids = shift_tokens_right(labels, pad, config.decoder_start_token_id)
     inputs = {
         "input_ids": source,
         "attention_mask": (source != pad).long(),
@@ -117,23 +115,25 @@ def training_batch(args, ragged: bool) -> dict[str, torch.Tensor]:
     return {key: value.to(args.device) for key, value in inputs.items()}
 
 
-def make_step(name: str, model, optimizer, inputs: dict, args):
-    """One training step of `model`: forward, label-smoothed loss, backward, optimizer step."""
-    autocast = torch.autocast(args.device, dtype=DTYPES[args.dtype], enabled=args.dtype == "bf16")
+def mixed_precision(args) -> torch.autocast:
+    """bf16 runs under autocast on float32 weights; fp32 and fp16 run as the weights are."""
+    return torch.autocast(args.device, dtype=DTYPES[args.dtype], enabled=args.dtype == "bf16")
+
+
+def make_step(name: str, model, optimizer, inputs: dict, config: VanillaTransformerConfig, args):
+    """One training step of `model`: forward, label-smoothed loss, backward, optimizer step.
+
+    Marian's loss is the package's label-smoothed loss of its logits, with our `config.label_smoothing`.
+    """
+    autocast = mixed_precision(args)
 
     def step():
         with autocast:
             if name == "ours":
                 loss = model(**inputs).loss
             else:
-                labels = inputs["labels"]
                 logits = model(**{k: v for k, v in inputs.items() if k != "labels"}).logits
-                loss = F.cross_entropy(
-                    logits.float().reshape(-1, logits.shape[-1]),
-                    labels.reshape(-1),
-                    ignore_index=-100,
-                    label_smoothing=0.1,
-                )
+                loss = label_smoothed_loss(logits, inputs["labels"], config.label_smoothing)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -154,7 +154,7 @@ def generation_inputs(args) -> dict[str, torch.Tensor]:
 
 
 def make_generate(model, inputs, num_beams: int, args):
-    autocast = torch.autocast(args.device, dtype=DTYPES[args.dtype], enabled=args.dtype == "bf16")
+    autocast = mixed_precision(args)
     eos = model.config.eos_token_id
 
     def run():
@@ -238,9 +238,9 @@ def peak_memory(name: str, args) -> float:
     """Bytes a training step adds on top of the model and optimizer (ragged batch)."""
     if args.device == "cuda":
         models = build_models(args)
-        model = models[name].train()
+        config, model = models["ours"].config, models[name].train()
         optimizer = make_optimizer(model, args.device)
-        step = make_step(name, model, optimizer, training_batch(args, ragged=True), args)
+        step = make_step(name, model, optimizer, training_batch(config, args, ragged=True), config, args)
         step()  # creates the optimizer state
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -250,7 +250,7 @@ def peak_memory(name: str, args) -> float:
         return float(torch.cuda.max_memory_allocated() - base)
     # CPU: a fresh process per model, so that one's allocations cannot hide the other's.
     command = [sys.executable, __file__, "--_memory_child", name, *sys.argv[1:]]
-    output = subprocess.run(command, capture_output=True, text=True, check=True, env={**os.environ}).stdout
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return float(output.strip().splitlines()[-1])
 
 
@@ -262,13 +262,13 @@ def memory_child(name: str, args) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     models = build_models(args)
-    model = models[name].train()
+    config, model = models["ours"].config, models[name].train()
     optimizer = make_optimizer(model, args.device)
-    inputs = training_batch(args, ragged=True)
+    inputs = training_batch(config, args, ragged=True)
     # Optimizer state exists before the measured step: create it with one step on a tiny batch.
-    make_step(name, model, optimizer, {k: v[:1, :4] for k, v in inputs.items()}, args)()
+    make_step(name, model, optimizer, {k: v[:1, :4] for k, v in inputs.items()}, config, args)()
     del models
-    step = make_step(name, model, optimizer, inputs, args)
+    step = make_step(name, model, optimizer, inputs, config, args)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
         step()
     with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
@@ -292,8 +292,22 @@ def describe_machine(args) -> str:
     return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
 
 
+def summarise(case: str, times: dict, tokens: int, flops: float | None = None, peak: float | None = None) -> dict:
+    """Per model: median seconds, spread and target tokens per second of `times`, and model FLOP utilisation where
+    the FLOPs of a call (`flops`) and the matmul FLOP/s (`peak`) are given; printed on one line."""
+    figures = {}
+    for name, t in times.items():
+        seconds = statistics.median(t)
+        figures[name] = {"seconds": seconds, "spread": [min(t), max(t)], "tokens_per_second": tokens / seconds}
+        if flops is not None:
+            figures[name]["mfu"] = flops / seconds / peak
+    print(f"{case}: " + ", ".join(f"{n} {r['tokens_per_second']:.0f} tok/s" for n, r in figures.items()), flush=True)
+    return figures
+
+
 def run(args) -> dict:
-    torch.set_num_threads(args.threads) if args.threads else None
+    if args.threads:
+        torch.set_num_threads(args.threads)
     models = build_models(args)
     config = models["ours"].config
     results = {
@@ -311,28 +325,14 @@ def run(args) -> dict:
     results["matmul_flops_per_second"] = peak
 
     for case, ragged in (("train_dense", False), ("train_ragged", True)):
-        inputs = training_batch(args, ragged)
+        inputs = training_batch(config, args, ragged)
         steps = {}
         for name, model in models.items():
             model.train()
-            steps[name] = make_step(name, model, make_optimizer(model, args.device), inputs, args)
+            steps[name] = make_step(name, model, make_optimizer(model, args.device), inputs, config, args)
         times = time_alternately(steps, args.repeats, args.warmup, args.device)
         tokens = int((inputs["labels"] != -100).sum())
-        flops = training_flops(config, inputs)
-        results["cases"][case] = {
-            name: {
-                "seconds": statistics.median(t),
-                "spread": [min(t), max(t)],
-                "tokens_per_second": tokens / statistics.median(t),
-                "mfu": flops / statistics.median(t) / peak,
-            }
-            for name, t in times.items()
-        }
-        print(
-            f"{case}: "
-            + ", ".join(f"{n} {r['tokens_per_second']:.0f} tok/s" for n, r in results["cases"][case].items()),
-            flush=True,
-        )
+        results["cases"][case] = summarise(case, times, tokens, training_flops(config, inputs), peak)
 
     inputs = generation_inputs(args)
     for case, beams in (("greedy", 1), ("beam4", 4)):
@@ -343,21 +343,8 @@ def run(args) -> dict:
             raise RuntimeError(f"{case}: the models generated different lengths {generated}")
         times = time_alternately(runs, args.repeats, 1, args.device)
         tokens = inputs["input_ids"].shape[0] * args.new_tokens
-        results["cases"][case] = {
-            name: {
-                "seconds": statistics.median(t),
-                "spread": [min(t), max(t)],
-                "tokens_per_second": tokens / statistics.median(t),
-            }
-            for name, t in times.items()
-        }
-        print(
-            f"{case}: "
-            + ", ".join(f"{n} {r['tokens_per_second']:.0f} tok/s" for n, r in results["cases"][case].items()),
-            flush=True,
-        )
+        results["cases"][case] = summarise(case, times, tokens)
 
-    del models
     memory = {name: peak_memory(name, args) for name in ("ours", "marian")}
     results["cases"]["peak_memory"] = {name: {"bytes": value} for name, value in memory.items()}
     print(f"peak_memory: ours {memory['ours'] / 2**20:.1f} MiB, marian {memory['marian'] / 2**20:.1f} MiB", flush=True)

@@ -51,9 +51,8 @@ def main() -> None:
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
             handle.writelines(text + "\n" for text in hypotheses)
-    summary = {key: scores[key] for key in ("score", "signature", "chrf", "chrf_signature") if key in scores}
-    if "tokenized_bleu" in scores:
-        summary["tokenized_bleu"] = scores["tokenized_bleu"]
+    keys = ("score", "signature", "chrf", "chrf_signature", "tokenized_bleu")
+    summary = {key: scores[key] for key in keys if key in scores}
     summary["pairs"] = len(hypotheses)
     print(json.dumps(summary, indent=2, ensure_ascii=False))
 

@@ -35,7 +35,6 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args()
     logging.basicConfig(format="%(asctime)s %(message)s", level=logging.INFO)
-    logging.getLogger("hf_vanilla_transformer").setLevel(logging.INFO)
 
     recipe = ModelDataArguments(**CPU_RECIPE["model_data"])
     training = {**CPU_RECIPE["training"], "max_steps": options.max_steps, "seed": options.seed}
@@ -55,7 +54,7 @@ def main() -> None:
     print(f"test sacreBLEU {test['bleu']:.2f}  ({test['bleu_signature']})")
     print(f"test chrF      {test['chrf']:.2f}  ({test['chrf_signature']})")
     print(
-        f"{results['test']['pairs']} held-out pairs, beam {test['beams']}; trained {results['training']['steps']} "
+        f"{test['pairs']} held-out pairs, beam {test['beams']}; trained {results['training']['steps']} "
         f"updates ({results['training']['epochs']:.1f} epochs) in {results['training']['seconds'] / 60:.1f} min; "
         f"averaged {', '.join(results['averaged_checkpoints'])}"
     )

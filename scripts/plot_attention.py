@@ -25,13 +25,11 @@ def main() -> None:
     parser.add_argument("--translation", help="the target sentence to attend over (default: the model's own)")
     parser.add_argument("--output_dir", help="where to write the PNGs (default: MODEL_DIR/plots)")
     options = parser.parse_args()
-    model = VanillaTransformerForConditionalGeneration.from_pretrained(options.model_dir).eval()
+    model = VanillaTransformerForConditionalGeneration.from_pretrained(options.model_dir)
     tokenizer = AutoTokenizer.from_pretrained(options.model_dir)
     output_dir = Path(options.output_dir or Path(options.model_dir) / "plots")
     maps = attention_maps(model, tokenizer, options.sentence, options.translation)
-    special = set(tokenizer.all_special_tokens)
-    translation = "".join(token for token in maps["target_tokens"] if token not in special).replace("▁", " ")
-    print(f"source:      {options.sentence}\ntranslation: {translation.strip()}")
+    print(f"source:      {options.sentence}\ntranslation: {maps['translation']}")
     for path in plot_attention_maps(maps, output_dir):
         print(f"wrote {path}")
 

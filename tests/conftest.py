@@ -40,24 +40,29 @@ FIXTURES = Path(__file__).parent / "fixtures"
 ROOT = Path(__file__).parent.parent
 
 
+def run_script(name: str, *args: str, timeout: int = 600, **kwargs) -> subprocess.CompletedProcess:
+    """`python scripts/<name> args...` with its output captured as text; `kwargs` go to `subprocess.run`."""
+    command = [sys.executable, str(ROOT / "scripts" / name), *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
 @pytest.fixture(scope="session")
 def trained_folder(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """A model folder written by scripts/train.py: a tiny model trained 30 updates on 200 real pairs, evaluated
     (validation BLEU every 15 updates, test BLEU), averaged, with its card and plots; its progress output goes to
-    pipes, as into a log file. Shared by the tests that read
-    such a folder (training, sharing, pipeline); they must not modify it."""
+    pipes, as into a log file. Shared by the tests that read such a folder (training, sharing, pipeline); they must
+    not modify it."""
     output = tmp_path_factory.mktemp("trained") / "run"
-    command = [
-        sys.executable,
-        str(ROOT / "scripts" / "train.py"),
-        *("--preset", "tiny", "--max_steps", "30", "--output_dir", str(output)),
-        *("--data_files", str(FIXTURES / "libreoffice_help_en_de_200.tsv")),
-        *("--validation_files", str(FIXTURES / "libreoffice_help_en_de_test_40.tsv")),
-        *("--test_files", str(FIXTURES / "libreoffice_help_en_de_test_40.tsv")),
+    result = run_script(
+        "train.py",
+        *("--preset", "tiny", "--max_steps", "30", "--output_dir", output),
+        *("--data_files", FIXTURES / "libreoffice_help_en_de_200.tsv"),
+        *("--validation_files", FIXTURES / "libreoffice_help_en_de_test_40.tsv"),
+        *("--test_files", FIXTURES / "libreoffice_help_en_de_test_40.tsv"),
         *("--vocab_size", "500", "--save_steps", "10", "--average_last", "3"),
         *("--test_beams", "2", "--logging_steps", "5"),
         *("--eval_strategy", "steps", "--eval_steps", "15", "--max_eval_samples", "10", "--generation_num_beams", "1"),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=output.parent)
+        cwd=output.parent,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return output, result

@@ -3,31 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from conftest import ROOT
+from conftest import run_script
 
 
 def test_benchmark_reports_every_case_and_ratio(tmp_path):
     output = tmp_path / "benchmark.json"
-    command = [
-        sys.executable,
-        str(ROOT / "scripts" / "benchmark.py"),
-        "--preset",
-        "tiny",
-        "--vocab_size",
-        "99",
-        "--repeats",
-        "1",
-        "--warmup",
-        "1",
-        "--new_tokens",
-        "4",
-        "--json",
-        str(output),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    result = run_script(
+        "benchmark.py",
+        *("--preset", "tiny", "--vocab_size", "99", "--repeats", "1", "--warmup", "1", "--new_tokens", "4"),
+        *("--json", output),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(output.read_text())
     assert set(figures["ratios"]) == {"train_dense", "train_ragged", "greedy", "beam4", "peak_memory"}

@@ -13,6 +13,7 @@ from hf_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
     label_smoothed_loss,
+    modeling_vanilla_transformer,
     sinusoidal_positions,
 )
 
@@ -522,10 +523,18 @@ def test_initialisation_follows_the_reference_implementations():
     assert model.model.encoder.layers[0].ffn.fc1.bias.abs().max() == 0
 
 
-def test_training_mode_projects_only_labelled_positions_with_the_same_loss_and_gradients():
+def test_training_mode_projects_only_labelled_positions_with_the_same_loss_and_gradients(monkeypatch):
     ids, labels = random_ids(3, 6), random_ids(3, 7, seed=1)
     labels[0, 4:] = -100
     labels[2, 2:] = PAD
+    projected = []
+    chunked = modeling_vanilla_transformer.linear_label_smoothed_loss
+
+    def spy(hidden, *args, **kwargs):
+        projected.append(hidden.shape[0])
+        return chunked(hidden, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_vanilla_transformer, "linear_label_smoothed_loss", spy)
     results = []
     for training in (False, True):
         model = tiny_model().train(training)  # dropout is 0, so both modes compute the same function
@@ -534,6 +543,7 @@ def test_training_mode_projects_only_labelled_positions_with_the_same_loss_and_g
         results.append((out, [p.grad.clone() for p in model.parameters()]))
     (evaluation, eval_grads), (training, train_grads) = results
     assert evaluation.logits.shape == (3, 7, 99) and training.logits is None
+    assert projected == [4 + 7 + 2]  # training mode only, and only the labelled positions (padding is -100 too)
     assert torch.allclose(evaluation.loss, training.loss, atol=1e-6)
     for a, b in zip(eval_grads, train_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-6)
@@ -557,7 +567,7 @@ def test_layer_norm_runs_in_float32_under_cpu_autocast():
     for module, inputs, output in seen:
         assert output.dtype == torch.float32
         expected = torch.nn.functional.layer_norm(
-            inputs.float(), module.normalized_shape, module.weight.float(), module.bias.float()
+            inputs.float(), module.normalized_shape, module.weight.float(), module.bias.float(), module.eps
         )
         assert torch.equal(output, expected)
     assert torch.isfinite(out.logits).all()
@@ -580,7 +590,7 @@ def test_padding_skips_the_feed_forward_and_changes_nothing_real(monkeypatch):
     labels[1, 1] = -100  # a hole inside a sentence: position 2 still counts in the loss
     labels[2, 6:] = -100
     inputs = dict(input_ids=ids, attention_mask=(ids != PAD).long(), labels=labels)
-    rows = []
+    rows = []  # the (tokens, ...) shapes entering the first FFN of the encoder, then of the decoder
     stacks = (model.get_encoder(), model.get_decoder())
     hooks = [stack.layers[0].ffn.fc1.register_forward_hook(lambda m, a, o: rows.append(a[0].shape)) for stack in stacks]
 
@@ -594,14 +604,13 @@ def test_padding_skips_the_feed_forward_and_changes_nothing_real(monkeypatch):
     assert rows[0][0] == int((ids != PAD).sum())  # encoder: only the real source tokens
     # decoder: each sentence up to its last labelled position (row 1 has a hole at 1 that is still computed)
     assert rows[1][0] == 8 + 3 + 6 < labels.numel()
+    monkeypatch.setattr(
+        modeling_vanilla_transformer._VanillaTransformerStack, "real_token_index", staticmethod(lambda keep: None)
+    )
+    rows.clear()
+    dense_loss, dense_grads = run()
     for hook in hooks:
         hook.remove()
-    from hf_vanilla_transformer.modeling_vanilla_transformer import _VanillaTransformerStack
-
-    monkeypatch.setattr(_VanillaTransformerStack, "real_token_index", staticmethod(lambda keep: None))
-    rows.clear()
-    hooks = [stack.layers[0].ffn.fc1.register_forward_hook(lambda m, a, o: rows.append(a[0].shape)) for stack in stacks]
-    dense_loss, dense_grads = run()
     assert [shape[:2] for shape in rows] == [tuple(ids.shape), tuple(labels.shape)]  # the dense path really ran
     assert torch.allclose(packed_loss, dense_loss, atol=1e-6)
     for name, grad in dense_grads.items():

@@ -19,8 +19,10 @@ from safetensors.torch import load_file
 from hf_vanilla_transformer.averaging import checkpoint_folders
 from hf_vanilla_transformer.training import CheckpointError, validate_checkpoint
 
+from conftest import FIXTURES, ROOT
 
-FIXTURE = str(Path(__file__).parent / "fixtures" / "libreoffice_help_en_de_200.tsv")
+
+FIXTURE = str(FIXTURES / "libreoffice_help_en_de_200.tsv")
 
 # A training run driven by a JSON description; it can SIGKILL itself at a given point.
 CHILD = textwrap.dedent(
@@ -42,6 +44,15 @@ CHILD = textwrap.dedent(
                 os.kill(os.getpid(), signal.SIGKILL)
             return original(self, output_dir)
         TransformerTrainer._save_optimizer_and_scheduler = dying
+    if kill and kill["where"] == "before_marker":
+        # Die after Trainer wrote every file of checkpoint-<step> (trainer_state.json last), before the marker.
+        from transformers import Seq2SeqTrainer
+        trainer_save = Seq2SeqTrainer._save_checkpoint
+        def dying_after(self, model, trial):
+            trainer_save(self, model, trial)
+            if self.state.global_step == kill["step"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+        Seq2SeqTrainer._save_checkpoint = dying_after
     trainer, tokenizer, corpus = prepare_run(recipe, args)
     if kill and kill["where"] == "step":
         from transformers import TrainerCallback
@@ -51,15 +62,22 @@ CHILD = textwrap.dedent(
                     os.kill(os.getpid(), signal.SIGKILL)
         trainer.add_callback(Die())
     trainer.train(resume_from_checkpoint=latest_checkpoint(args.output_dir))
+    if args.should_save:
+        with open(os.path.join(args.output_dir, "precision.json"), "w") as file:
+            json.dump({"mixed_precision": trainer.accelerator.mixed_precision}, file)
     del trainer  # before the process group: see leave_process_group
     leave_process_group()
     """
 )
 
 
-def spec(output_dir: Path, **args) -> dict:
+def spec(output_dir: Path, recipe: dict | None = None, **args) -> dict:
+    """The child's run: `recipe` overrides the model and data arguments, `args` the training arguments."""
     return {
-        "recipe": dict(preset="tiny", vocab_size=500, data_files=FIXTURE, max_tokens=300, dropout=0.1, lr_scale=0.5),
+        "recipe": {
+            **dict(preset="tiny", vocab_size=500, data_files=FIXTURE, max_tokens=300, dropout=0.1, lr_scale=0.5),
+            **(recipe or {}),
+        },
         "args": {
             "output_dir": str(output_dir),
             "max_steps": 20,
@@ -108,15 +126,17 @@ def straight(tmp_path_factory) -> Path:
     return output
 
 
-@pytest.mark.parametrize("where, step", [("step", 15), ("checkpoint_write", 20)])
+@pytest.mark.parametrize("where, step", [("step", 15), ("checkpoint_write", 20), ("before_marker", 20)])
 def test_a_killed_run_resumes_to_the_same_weights(straight, tmp_path, where, step):
     description = spec(tmp_path)
     killed = run_child({**description, "kill": {"where": where, "step": step}})
     assert killed.returncode == -signal.SIGKILL
     complete = [path.name for path in checkpoint_folders(tmp_path)]
     assert complete == ["checkpoint-10"]  # a checkpoint cut off while being written is not taken
-    if where == "checkpoint_write":
-        assert (tmp_path / "checkpoint-20" / "model.safetensors").exists()  # half-written
+    if where != "step":
+        assert (tmp_path / "checkpoint-20" / "model.safetensors").exists()  # the folder is there, incomplete
+        if where == "before_marker":  # every Trainer file is there: only the marker tells it is not complete
+            assert (tmp_path / "checkpoint-20" / "trainer_state.json").exists()
         with pytest.raises(CheckpointError, match=r"checkpoint-20/\.complete is missing"):
             validate_checkpoint(tmp_path / "checkpoint-20")
     resumed = run_child(description)
@@ -124,8 +144,11 @@ def test_a_killed_run_resumes_to_the_same_weights(straight, tmp_path, where, ste
     assert_same_weights(final_weights(straight), final_weights(tmp_path))
     optimizer_a = torch.load(straight / "checkpoint-20" / "optimizer.pt", weights_only=False)["state"]
     optimizer_b = torch.load(tmp_path / "checkpoint-20" / "optimizer.pt", weights_only=False)["state"]
-    for key in optimizer_a:
-        assert torch.equal(optimizer_a[key]["exp_avg_sq"], optimizer_b[key]["exp_avg_sq"])
+    assert optimizer_a.keys() == optimizer_b.keys()
+    for key, state in optimizer_a.items():
+        assert state.keys() == optimizer_b[key].keys()
+        for name, value in state.items():
+            assert torch.equal(value, optimizer_b[key][name]), (key, name)
 
 
 def test_a_corrupted_checkpoint_names_the_file(straight, tmp_path):
@@ -141,6 +164,7 @@ def test_a_corrupted_checkpoint_names_the_file(straight, tmp_path):
     optimizer.write_bytes(optimizer.read_bytes()[:100])
     with pytest.raises(CheckpointError, match=r"checkpoint-10/optimizer\.pt is corrupted or truncated"):
         validate_checkpoint(copy)
+    shutil.copy2(straight / "checkpoint-10" / "optimizer.pt", optimizer)
     (copy / "trainer_state.json").write_text("{")
     with pytest.raises(CheckpointError, match=r"trainer_state\.json cannot be read"):
         validate_checkpoint(copy)
@@ -154,7 +178,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-CONFIGS = Path(__file__).parent.parent / "configs" / "accelerate"
+CONFIGS = ROOT / "configs" / "accelerate"
 # The shipped config files, made to fit this machine by the flags a user would change: two processes in all,
 # fp32, a free port. Without a GPU, accelerate's MULTI_GPU type starts CPU processes that train over gloo (`--cpu`
 # would start a single process: CPU processes are otherwise spread only through MPI).
@@ -165,9 +189,7 @@ FITTED = ["--num_processes", "2", "--mixed_precision", "no", "--dynamo_backend",
 def one_process(tmp_path_factory) -> dict[str, torch.Tensor]:
     """6 updates of one process accumulating 2 batches: the reference of the multi-process runs."""
     output = tmp_path_factory.mktemp("one")
-    description = spec(output, max_steps=6, save_steps=6, gradient_accumulation_steps=2)
-    description["recipe"]["dropout"] = 0.0  # dropout draws differ per process; the arithmetic must not
-    result = run_child(description)
+    result = run_child(multi_process_spec(output, gradient_accumulation_steps=2))
     assert result.returncode == 0, result.stderr[-3000:]
     return final_weights(output, 6)
 
@@ -187,19 +209,24 @@ def assert_equal_to_one_process(one_weights: dict, output: Path) -> None:
     assert state["global_step"] == 6
 
 
-def multi_process_spec(output: Path) -> dict:
-    description = spec(output, max_steps=6, save_steps=6)
-    description["recipe"]["dropout"] = 0.0
-    return description
+def multi_process_spec(output: Path, **args) -> dict:
+    """6 updates without dropout: dropout draws differ per process; the arithmetic must not."""
+    return spec(output, recipe=dict(dropout=0.0), max_steps=6, save_steps=6, **args)
+
+
+def launcher(config: str, *flags: str) -> list[str]:
+    """`accelerate launch` with a shipped config file, fitted to this machine, and a free port unless given."""
+    port = () if "--main_process_port" in flags else ("--main_process_port", str(free_port()))
+    return [
+        *(sys.executable, "-m", "accelerate.commands.launch"),
+        *("--config_file", str(CONFIGS / config), *FITTED, *port, *flags),
+    ]
 
 
 def test_two_processes_equal_one_with_the_same_global_batch(one_process, tmp_path):
-    launcher = [
-        *(sys.executable, "-m", "accelerate.commands.launch"),
-        *("--config_file", str(CONFIGS / "single_node_multi_gpu.yaml"), *FITTED),
-        *("--main_process_port", str(free_port())),
-    ]
-    double = run_child(multi_process_spec(tmp_path / "two"), launcher=launcher, script_dir=tmp_path)
+    double = run_child(
+        multi_process_spec(tmp_path / "two"), launcher=launcher("single_node_multi_gpu.yaml"), script_dir=tmp_path
+    )
     assert double.returncode == 0, double.stderr[-3000:]
     assert_equal_to_one_process(one_process, tmp_path / "two")
 
@@ -209,32 +236,29 @@ def test_two_machines_equal_one_process(one_process, tmp_path):
     port = str(free_port())
     description = multi_process_spec(tmp_path / "nodes")
     (tmp_path / "child.py").write_text(CHILD)
-    machines = []
-    for rank in (0, 1):
-        command = [
-            *(sys.executable, "-m", "accelerate.commands.launch"),
-            *("--config_file", str(CONFIGS / "multi_node.yaml"), *FITTED),
-            *("--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", port),
-            *(str(tmp_path / "child.py"), json.dumps(description)),
-        ]
-        environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        machines.append(
-            subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        )
-    for machine in machines:
-        _, stderr = machine.communicate(timeout=300)
-        assert machine.returncode == 0, stderr[-3000:]
+    machines, logs = [], []
+    try:
+        for rank in (0, 1):
+            command = [
+                *launcher("multi_node.yaml", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1"),
+                *("--main_process_port", port, str(tmp_path / "child.py"), json.dumps(description)),
+            ]
+            # Output to files, not pipes: a rank blocked on a full pipe would stall the other in a collective.
+            logs.append(tmp_path / f"rank{rank}.log")
+            with logs[-1].open("w") as log:
+                environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
+                machines.append(subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT))
+        for machine, log in zip(machines, logs, strict=True):
+            assert machine.wait(timeout=300) == 0, log.read_text()[-3000:]
+    finally:
+        for machine in machines:
+            machine.kill()  # a no-op for a process that has exited
     assert_equal_to_one_process(one_process, tmp_path / "nodes")
 
 
 def test_fsdp_two_processes_equal_one_process(one_process, tmp_path):
     """The FSDP config (FSDP2, layer-wise units, full state dicts), on two CPU processes over gloo."""
-    launcher = [
-        *(sys.executable, "-m", "accelerate.commands.launch"),
-        *("--config_file", str(CONFIGS / "fsdp.yaml"), *FITTED),
-        *("--main_process_port", str(free_port())),
-    ]
-    result = run_child(multi_process_spec(tmp_path / "fsdp"), launcher=launcher, script_dir=tmp_path)
+    result = run_child(multi_process_spec(tmp_path / "fsdp"), launcher=launcher("fsdp.yaml"), script_dir=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_equal_to_one_process(one_process, tmp_path / "fsdp")
 
@@ -254,40 +278,37 @@ def test_the_fsdp_config_wraps_every_layer_class_of_the_model():
     assert config["fsdp_config"]["fsdp_state_dict_type"] == "FULL_STATE_DICT"  # averaging reads plain checkpoints
 
 
-def test_bf16_training_on_cpu_learns(tmp_path):
-    description = spec(tmp_path, max_steps=40, save_steps=40, bf16=True)
-    description["recipe"].update(dropout=0.0, lr_scale=1.0, max_tokens=1024)
-    result = run_child(description)
+def assert_learns_in(precision: str, output: Path, use_cpu: bool) -> None:
+    """40 updates in `precision` (bf16 or fp16 autocast): the run really used it, and the loss falls from uniform
+    (ln 500 = 6.2) towards the unigram entropy."""
+    recipe = dict(dropout=0.0, lr_scale=1.0, max_tokens=1024)
+    result = run_child(spec(output, recipe, max_steps=40, save_steps=40, use_cpu=use_cpu, **{precision: True}))
     assert result.returncode == 0, result.stderr[-3000:]
-    state = json.loads((tmp_path / "checkpoint-40" / "trainer_state.json").read_text())
+    assert json.loads((output / "precision.json").read_text()) == {"mixed_precision": precision}
+    state = json.loads((output / "checkpoint-40" / "trainer_state.json").read_text())
     losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
     assert all(torch.isfinite(torch.tensor(losses)))
-    assert losses[-1] < losses[0] - 0.5, losses  # from uniform (ln 500 = 6.2) towards the unigram entropy
+    assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_bf16_training_on_cpu_learns(tmp_path):
+    assert_learns_in("bf16", tmp_path, use_cpu=True)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_training_on_gpu_learns(tmp_path, precision):
-    description = spec(tmp_path, max_steps=40, save_steps=40, **{precision: True})
-    description["args"]["use_cpu"] = False
-    description["recipe"].update(dropout=0.0, lr_scale=1.0, max_tokens=1024)
-    result = run_child(description)
-    assert result.returncode == 0, result.stderr[-3000:]
-    state = json.loads((tmp_path / "checkpoint-40" / "trainer_state.json").read_text())
-    losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
-    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0] - 0.5, losses
+    assert_learns_in(precision, tmp_path, use_cpu=False)
 
 
 def test_the_train_script_under_two_processes_leaves_one_complete_model_folder(tmp_path):
     """Both processes train; the main one alone averages, evaluates and writes the folder (no race on its files,
     no process waiting for checkpoints it cannot see), and both exit cleanly."""
-    fixture_40 = str(Path(FIXTURE).with_name("libreoffice_help_en_de_test_40.tsv"))
+    fixture_40 = str(FIXTURES / "libreoffice_help_en_de_test_40.tsv")
     command = [
-        *(sys.executable, "-m", "accelerate.commands.launch"),
-        *("--config_file", str(CONFIGS / "single_node_multi_gpu.yaml"), *FITTED),
-        *("--main_process_port", str(free_port())),
-        str(Path(__file__).parent.parent / "scripts" / "train.py"),
+        *launcher("single_node_multi_gpu.yaml"),
+        str(ROOT / "scripts" / "train.py"),
         *("--preset", "tiny", "--max_steps", "8", "--save_steps", "4", "--output_dir", str(tmp_path / "run")),
         *("--data_files", FIXTURE, "--validation_files", fixture_40, "--test_files", fixture_40),
         *("--vocab_size", "500", "--max_tokens", "300", "--average_last", "2", "--test_beams", "1"),

@@ -30,7 +30,7 @@ from hf_vanilla_transformer.plots import (
     plot_training_curves,
 )
 
-from conftest import ROOT, tiny_model
+from conftest import run_script, tiny_model
 from test_remote_code import run_without_package
 
 
@@ -73,10 +73,9 @@ def assert_real_png(path) -> None:
 
 def test_dry_run_lists_the_complete_file_set_with_sizes(trained_folder):
     folder, _ = trained_folder
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "push_to_hub.py"), str(folder), "me/transformer-en-de", "--dry-run"],
-        capture_output=True,
-        text=True,
+    result = run_script(
+        "push_to_hub.py",
+        *(folder, "me/transformer-en-de", "--dry-run"),
         timeout=300,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_TOKEN": ""},
     )
@@ -281,19 +280,7 @@ def test_plot_functions_write_pictures_and_refuse_bad_input(tmp_path):
 
 def test_plot_attention_script_draws_any_sentence(trained_folder, tmp_path):
     folder, _ = trained_folder
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "plot_attention.py"),
-            str(folder),
-            "Open the Tools menu.",
-            "--output_dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_script("plot_attention.py", folder, "Open the Tools menu.", "--output_dir", tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     for name in ("attention_encoder", "attention_decoder", "attention_cross"):
         assert_real_png(tmp_path / f"{name}.png")

@@ -5,25 +5,27 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from transformers import TrainerState
 
-from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration, training
 from hf_vanilla_transformer.averaging import average_checkpoints, average_last_checkpoints, checkpoint_folders
 from hf_vanilla_transformer.inference import evaluate_translations
 from hf_vanilla_transformer.training import (
+    CPU_RECIPE,
     ModelDataArguments,
+    TrainingProgressCallback,
     TransformerTrainingArguments,
+    check_schedule_arguments,
     noam_factor,
     noam_schedule,
     prepare_run,
 )
 
-from conftest import FIXTURES, ROOT, tiny_model
+from conftest import FIXTURES, run_script, tiny_model
 
 
 TRAIN_200 = str(FIXTURES / "libreoffice_help_en_de_200.tsv")
@@ -190,8 +192,8 @@ def test_the_train_script_leaves_a_complete_model_folder(trained_folder):
 
 
 def test_the_progress_lines_read_well_in_a_log_file(trained_folder):
-    """Not a terminal: one line per log, training speed in source tokens (counted by Trainer, padding excluded,
-    checkpoint and validation time left out) and no cursor movements from bars nested in the training bar."""
+    """Not a terminal: one line per log with the training speed in source tokens (counted by default), validation
+    lines, and no cursor movements from bars nested in the training bar."""
     _, result = trained_folder
     lines = [line for line in result.stdout.splitlines() if line.startswith("update ")]
     training = [line for line in lines if "| loss " in line]
@@ -202,33 +204,45 @@ def test_the_progress_lines_read_well_in_a_log_file(trained_folder):
     assert "\x1b[" not in result.stdout + result.stderr
 
 
+def test_the_main_jobs_recipe_is_made_of_real_arguments(tmp_path):
+    """CPU_RECIPE (scripts/main.py) builds both argument sets, passes the schedule checks, and saves and validates
+    at the last update, with enough checkpoints before it to average."""
+    recipe = ModelDataArguments(**CPU_RECIPE["model_data"])
+    args = TransformerTrainingArguments(output_dir=str(tmp_path), **CPU_RECIPE["training"])
+    check_schedule_arguments(args)
+    assert args.max_steps % args.save_steps == 0 and args.max_steps % args.eval_steps == 0
+    assert recipe.average_last * args.save_steps <= args.max_steps
+
+
+def test_the_progress_rate_leaves_validation_and_checkpoint_time_out(monkeypatch, capsys):
+    """5,000 source tokens per 10 s of training on both lines, though 40 s of validation and checkpoint writing
+    (which train on nothing) lie between them."""
+    clock = [100.0]
+    monkeypatch.setattr(training.time, "monotonic", lambda: clock[0])
+    callback = TrainingProgressCallback()
+    state = TrainerState(max_steps=10, is_world_process_zero=True, num_input_tokens_seen=0)
+    callback.on_train_begin(None, state, None)
+    for step in (5, 10):
+        clock[0] += 10
+        state.global_step, state.num_input_tokens_seen = step, step * 1000
+        callback.on_log(None, state, None, logs={"loss": 1.0, "learning_rate": 1e-3})
+        clock[0] += 30
+        callback.on_evaluate(None, state, None)
+        clock[0] += 10
+        callback.on_save(None, state, None)
+    callback.on_train_end(None, state, None)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("update ")]
+    assert len(lines) == 2 and all("| 500 source tok/s |" in line for line in lines), lines
+
+
 def test_the_evaluate_and_translate_scripts_read_a_trained_folder(trained_folder, tmp_path):
     """Run from scripts/, next to scripts/evaluate.py: the `evaluate` library must still be the one imported."""
     output, _ = trained_folder
-    scored = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "evaluate.py"),
-            str(output),
-            "--data_files",
-            OTHER_40,
-            "--num_beams",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    scored = run_script("evaluate.py", output, "--data_files", OTHER_40, "--num_beams", "1")
     assert scored.returncode == 0, scored.stderr[-3000:]
     summary = json.loads(scored.stdout)
     assert summary["pairs"] == 40 and "nrefs:1" in summary["signature"]
-    translated = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "translate.py"), str(output), "--num_beams", "1"],
-        input="Tools\nChoose Format - Cells.\n",
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    translated = run_script("translate.py", output, "--num_beams", "1", input="Tools\nChoose Format - Cells.\n")
     assert translated.returncode == 0, translated.stderr[-3000:]
     assert len(translated.stdout.splitlines()) == 2
 
@@ -236,18 +250,17 @@ def test_the_evaluate_and_translate_scripts_read_a_trained_folder(trained_folder
 @pytest.mark.slow
 def test_the_train_script_on_the_default_corpus(tmp_path):
     output = tmp_path / "run"
-    command = [
-        sys.executable,
-        str(ROOT / "scripts" / "train.py"),
+    result = run_script(
+        "train.py",
         "--preset",
         "tiny",
         "--max_steps",
         "30",
         "--output_dir",
-        str(output),
+        output,
         "--disable_tqdm",
         "true",
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((output / "results.json").read_text())["data"]["dataset"] == "libreoffice-help"
