@@ -47,32 +47,28 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+MARIAN_FIELDS = (
+    *("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads"),
+    *("decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "dropout"),
+    *("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id"),
+)
+
+
 def build_models(args) -> dict[str, torch.nn.Module]:
     """Ours and Marian with the same architecture, initialised from the same seed."""
     config = VanillaTransformerConfig.from_preset(args.preset, vocab_size=args.vocab_size, dropout=args.dropout)
     torch.manual_seed(0)
     ours = VanillaTransformerForConditionalGeneration(config)
+    # Our config uses Marian's field names: the architecture and special tokens carry over by name.
     marian_config = MarianConfig(
-        vocab_size=config.vocab_size,
-        d_model=config.d_model,
-        encoder_layers=config.encoder_layers,
-        decoder_layers=config.decoder_layers,
-        encoder_attention_heads=config.encoder_attention_heads,
-        decoder_attention_heads=config.decoder_attention_heads,
-        encoder_ffn_dim=config.encoder_ffn_dim,
-        decoder_ffn_dim=config.decoder_ffn_dim,
+        **{name: getattr(config, name) for name in MARIAN_FIELDS},
         activation_function="relu",
         scale_embedding=True,
-        dropout=config.dropout,
         attention_dropout=0.0,
         activation_dropout=0.0,
         share_encoder_decoder_embeddings=True,
         tie_word_embeddings=True,
         max_position_embeddings=512,
-        pad_token_id=config.pad_token_id,
-        eos_token_id=config.eos_token_id,
-        bos_token_id=config.bos_token_id,
-        decoder_start_token_id=config.decoder_start_token_id,
         forced_eos_token_id=None,
     )
     torch.manual_seed(0)
