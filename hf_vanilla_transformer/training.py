@@ -41,6 +41,7 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from .averaging import COMPLETE, average_last_checkpoints, checkpoint_folders
 from .batching import TokenBudgetBatchSampler, accumulation_steps
 from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from .data import load_corpus
@@ -295,8 +296,6 @@ def validate_checkpoint(folder: str | Path) -> Path:
     """Raise `CheckpointError` naming the file if `folder` is not a complete, readable checkpoint of this package."""
     from safetensors import safe_open
 
-    from .averaging import COMPLETE
-
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is not a checkpoint folder.")
@@ -372,8 +371,6 @@ class TransformerTrainer(Seq2SeqTrainer):
     def _save_checkpoint(self, model, trial) -> None:
         """`Trainer`'s checkpoint, then a `.complete` marker once every process has written its part, so that a
         checkpoint interrupted at any moment (SIGKILL included) is never mistaken for a complete one."""
-        from .averaging import COMPLETE
-
         with _without_nested_bars():
             super()._save_checkpoint(model, trial)
         folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
@@ -521,8 +518,6 @@ def prepare_run(recipe: ModelDataArguments, args: TransformerTrainingArguments):
 
 def latest_checkpoint(output_dir: str | Path) -> str | None:
     """The newest complete checkpoint folder of a run, for resuming; None if there is none."""
-    from .averaging import checkpoint_folders
-
     folders = checkpoint_folders(output_dir)
     return str(folders[-1]) if folders else None
 
@@ -576,7 +571,6 @@ def train_and_evaluate(
 def _train_and_evaluate(
     recipe: ModelDataArguments, args: TransformerTrainingArguments, command: str, examples: int
 ) -> dict | None:
-    from .averaging import average_last_checkpoints
     from .hub import write_model_card
     from .inference import evaluate_translations
     from .plots import write_run_plots
