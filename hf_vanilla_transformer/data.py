@@ -285,18 +285,44 @@ def libreoffice_ui_corpus(target_lang: str = "de", cache_dir: str | Path | None 
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def read_text(path: str | Path) -> str:
+    """The text of a UTF-8 file. A missing file, a folder, or bytes that are not UTF-8 raise an error whose one-line
+    message names the file (and the line of the first bad byte)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; expected a UTF-8 text file.")
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; expected a UTF-8 text file.")
+    return decode_text(path.read_bytes(), str(path))
+
+
+def decode_text(data: bytes, name: str) -> str:
+    """`data` decoded as UTF-8; otherwise a ValueError naming `name`, the line and the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ValueError(
+            f"{name}:{line} is not UTF-8 text (byte {data[error.start]:#04x}: {error.reason}); expected a UTF-8 "
+            "text file."
+        ) from None
+
+
 def read_parallel_file(
     path: str | Path, target_path: str | Path | None = None, source_lang: str = "en", target_lang: str = "de"
 ) -> Dataset:
-    """Pairs from a TSV or JSONL file, or from two line-aligned text files (`path` and `target_path`)."""
+    """Pairs from a TSV or JSONL file, or from two line-aligned text files (`path` and `target_path`).
+
+    Bad input raises an error whose one-line message names the file, the line and what was expected there.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"Parallel data file {str(path)!r} does not exist.")
     sources, targets = [], []
     if target_path is not None:
         target_path = Path(target_path)
-        source_lines = path.read_text(encoding="utf-8").splitlines()
-        target_lines = target_path.read_text(encoding="utf-8").splitlines()
+        source_lines = read_text(path).splitlines()
+        target_lines = read_text(target_path).splitlines()
         if len(source_lines) != len(target_lines):
             raise ValueError(
                 f"{path} has {len(source_lines)} lines but {target_path} has {len(target_lines)}; "
@@ -304,11 +330,22 @@ def read_parallel_file(
             )
         sources, targets = source_lines, target_lines
     elif path.suffix in (".jsonl", ".json"):
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in enumerate(read_text(path).splitlines(), 1):
             if not line.strip():
                 continue
-            record = json.loads(line)
-            if "translation" in record:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{path}:{number} is not JSON ({error.msg}, column {error.colno}); expected one object per line, "
+                    f'{{"source": ..., "target": ...}}: {line[:200]!r}'
+                ) from None
+            if not isinstance(record, dict):
+                raise ValueError(
+                    f"{path}:{number} holds a JSON {type(record).__name__}; expected one object per line, "
+                    f'{{"source": ..., "target": ...}}: {line[:200]!r}'
+                )
+            if isinstance(record.get("translation"), dict):
                 record = {
                     "source": record["translation"].get(source_lang),
                     "target": record["translation"].get(target_lang),
@@ -321,12 +358,15 @@ def read_parallel_file(
             sources.append(record["source"])
             targets.append(record["target"])
     else:
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for number, line in enumerate(read_text(path).splitlines(), 1):
             if not line.strip():
                 continue
             fields = line.split("\t")
             if len(fields) != 2:
-                raise ValueError(f"{path}:{number} has {len(fields)} tab-separated fields; a TSV needs exactly 2.")
+                raise ValueError(
+                    f"{path}:{number} has {len(fields)} tab-separated fields; a TSV needs exactly 2 "
+                    f"(source<TAB>target): {line[:200]!r}"
+                )
             sources.append(fields[0])
             targets.append(fields[1])
     keep = [i for i, (s, t) in enumerate(zip(sources, targets, strict=True)) if s.strip() and t.strip()]

@@ -11,8 +11,6 @@ Shape legend: B batch, S source length, T target length (new tokens), P cached t
 D d_model, Dk / Dv per-head query-key / value size, F FFN inner size, V vocabulary.
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Callable
 
@@ -31,6 +29,8 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -143,7 +143,7 @@ class VanillaTransformerAttention(nn.Module):
         key_value_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, length = hidden_states.shape[:2]
         query = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
@@ -260,7 +260,7 @@ class VanillaTransformerEncoderLayer(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         token_index: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         # 1. Self-attention sub-layer.
         residual = hidden_states
@@ -305,7 +305,7 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         token_index: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         # 1. Masked self-attention sub-layer: position i sees positions <= i (§3.2.3).
         residual = hidden_states
@@ -415,6 +415,23 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             tied.pop("lm_head.weight", None)
         return tied
 
+    def mark_tied_weights_as_initialized(self, loading_info) -> None:
+        """`from_pretrained`: a tied matrix that the checkpoint holds under none of its names stays missing.
+
+        The stacks hold the shared embedding module itself, so all names of the matrix are one parameter. transformers
+        marks the tied names (`lm_head.weight`, `*.embed_tokens.weight`) as initialised, which marks that parameter;
+        its bookkeeping for custom-code models then drops the source name (`shared.weight`) from the missing keys too,
+        and the matrix would stay on the meta device, unreported. Keeping every name of such a matrix missing makes
+        transformers report it, materialise it, initialise it (`_init_weights`) and tie the others to it.
+        """
+        groups: dict[str, set[str]] = {}
+        for target, source in self.all_tied_weights_keys.items():
+            groups.setdefault(source, {source}).add(target)
+        absent = [names for names in groups.values() if names <= loading_info.missing_keys]
+        super().mark_tied_weights_as_initialized(loading_info)
+        for names in absent:
+            loading_info.missing_keys |= names
+
 
 class _VanillaTransformerStack(VanillaTransformerPreTrainedModel):
     """What both stacks share: token embedding times sqrt(d_model) plus positions, then dropout (§3.4, §3.5, §5.4)."""
@@ -494,7 +511,7 @@ class VanillaTransformerEncoder(_VanillaTransformerStack):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutput:
         if input_ids is not None:
             _check_ids("input_ids", input_ids, self.config.vocab_size)
@@ -542,7 +559,7 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         token_mask: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
         token_mask (`torch.BoolTensor` of shape `(batch_size, target_length)`, *optional*):
@@ -653,6 +670,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     def get_decoder(self) -> VanillaTransformerDecoder:
         return self.decoder
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -665,16 +683,24 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         decoder_token_mask: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         r"""
         decoder_token_mask (`torch.BoolTensor` of shape `(batch_size, target_length)`, *optional*):
             The target positions whose outputs are needed (see `VanillaTransformerDecoder.forward`'s `token_mask`).
+
+        Returns a `Seq2SeqModelOutput`, or its `to_tuple()` with `return_dict=False` (per call or in the config).
         """
+        # The stacks always return ModelOutputs here (`return_dict=True`), whatever `config.return_dict` says;
+        # `can_return_tuple` turns this model's own output into a tuple when asked.
         # 1. Encode, unless generate() already did.
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
-                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                return_dict=True,
+                **kwargs,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(
@@ -692,6 +718,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             token_mask=decoder_token_mask,
+            return_dict=True,
             **kwargs,
         )
         return Seq2SeqModelOutput(
@@ -817,6 +844,18 @@ def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | tor
     return ((5.0 + length) / 6.0) ** alpha
 
 
+class GnmtAlpha(float):
+    """A `length_penalty` that asks beam search for GNMT's lp(Y) instead of transformers' |Y|^length_penalty.
+
+    `generate()` puts it in the call's generation config; `GenerationMixin` hands `generation_config.length_penalty`
+    to the beam-search hooks below, which read the rule from its type. So the rule travels with the call that chose
+    it, and nothing is stored on the model: nested or concurrent `generate()` calls keep their own rules.
+    """
+
+    def __repr__(self) -> str:
+        return f"GnmtAlpha({float(self)!r})"
+
+
 class RelativeMaxLengthCriteria(StoppingCriteria):
     """Stops sentence i once it has `limits[i]` new tokens: "input length + 50" (§6.1) as a per-sentence rule.
 
@@ -870,6 +909,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -882,7 +922,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         r"""
         labels (`torch.LongTensor` of shape `(batch_size, target_length)`, *optional*):
@@ -890,6 +930,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             positions left out of the loss. Without `decoder_input_ids` the decoder reads the labels shifted right.
             In training mode the output projection runs only on the labelled positions and `logits` is `None`;
             in eval mode (or without labels) the full `(batch, target_length, vocab)` logits are returned.
+
+        Returns a `Seq2SeqLMOutput`, or its `to_tuple()` with `return_dict=False` (per call or in the config).
         """
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         labelled = None  # (B, T): the positions that count in the loss
@@ -914,6 +956,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
+            return_dict=True,
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state  # (B, T, D)
@@ -960,41 +1003,54 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
 
         `relative_max_length=N` (default 50 from the generation config; `None` turns it off) lets each sentence
         produce at most its own number of real source tokens + N; `max_new_tokens` or `max_length`, when passed,
-        still cap every sentence. `length_penalty_type="gnmt"` (default) or `"hf"` chooses how beam search
-        normalises finished hypotheses by length, with `length_penalty` as alpha.
+        still cap every sentence. Without a source (no `input_ids`, `inputs_embeds` or `encoder_outputs`) the rule
+        steps aside and, as in transformers' encoder-decoders, the source is BOS alone. `length_penalty_type="gnmt"`
+        (default) or `"hf"` chooses how beam search normalises finished hypotheses by length, with `length_penalty`
+        as alpha. Each call's choices travel with its own arguments, never on the model, so `generate()` may run
+        inside another `generate()` of the same model (a logits processor, a callback, assisted decoding).
         """
-        config = generation_config if generation_config is not None else self.generation_config
-        relative = kwargs.pop("relative_max_length", getattr(config, "relative_max_length", None))
-        penalty_type = kwargs.pop("length_penalty_type", getattr(config, "length_penalty_type", "hf"))
-        if penalty_type not in LENGTH_PENALTY_TYPES:
-            raise ValueError(
-                f"length_penalty_type={penalty_type!r} is invalid; expected one of {LENGTH_PENALTY_TYPES}."
-            )
-        if relative is not None:
-            if isinstance(relative, bool) or not isinstance(relative, int) or relative < 0:
-                raise ValueError(f"relative_max_length={relative!r} is invalid; expected None or an integer >= 0.")
-            limits = self._source_lengths(inputs, kwargs) + relative  # (B,)
-            prompt = kwargs.get("decoder_input_ids")
-            prompt_length = 1
-            if prompt is not None:
-                starts_right = bool((prompt[:, 0] == self.config.decoder_start_token_id).all())
-                prompt_length = prompt.shape[1] + (0 if starts_right else 1)
-            criteria = StoppingCriteriaList([RelativeMaxLengthCriteria(limits, prompt_length)])
+        rules = {name: kwargs.pop(name) for name in ("relative_max_length", "length_penalty_type") if name in kwargs}
+        # 1. The configuration this call runs with (the model's defaults < `generation_config` < keyword arguments).
+        config, _ = self._prepare_generation_config(generation_config, **kwargs)
+        relative = rules.get("relative_max_length", getattr(config, "relative_max_length", None))
+        penalty_type = rules.get("length_penalty_type", getattr(config, "length_penalty_type", None) or "hf")
+        _check_decoding_arguments(config.num_beams, relative, penalty_type)
+
+        # 2. "Input length + 50" (§6.1), sentence by sentence, where there is a source to measure.
+        sources = self._source_lengths(inputs, kwargs)  # (B,) or None
+        if relative is not None and sources is not None:
+            limits = sources + relative  # (B,)
+            criteria = StoppingCriteriaList([self._relative_length_criteria(limits, kwargs)])
             stopping_criteria = criteria + (stopping_criteria or [])
-            user_cap = "max_new_tokens" in kwargs or "max_length" in kwargs or config.max_new_tokens is not None
+            user_cap = (
+                config.max_new_tokens is not None
+                or kwargs.get("max_length") is not None
+                or (generation_config is not None and generation_config.max_length is not None)
+                or self.generation_config.max_length is not None
+            )
             if not user_cap:
                 kwargs["max_new_tokens"] = int(limits.max())
-        self._length_penalty_type = penalty_type
-        try:
-            return super().generate(
-                inputs,
-                generation_config=generation_config,
-                logits_processor=logits_processor,
-                stopping_criteria=stopping_criteria,
-                **kwargs,
-            )
-        finally:
-            del self._length_penalty_type
+
+        # 3. GNMT's length penalty in beam search, carried by the value of this call's `length_penalty`.
+        if penalty_type == "gnmt" and config.num_beams > 1:
+            kwargs["length_penalty"] = GnmtAlpha(config.length_penalty if config.length_penalty is not None else 1.0)
+        return super().generate(
+            inputs,
+            generation_config=generation_config,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            **kwargs,
+        )
+
+    def _relative_length_criteria(self, limits: torch.Tensor, kwargs: dict) -> RelativeMaxLengthCriteria:
+        """The stopping rule for `limits` (B,) new tokens, counted after the decoder prompt (the start token, or the
+        caller's `decoder_input_ids`, to which generate() prepends the start token when it is not there)."""
+        prompt = kwargs.get("decoder_input_ids")
+        prompt_length = 1
+        if prompt is not None:
+            starts_right = bool((prompt[:, 0] == self.config.decoder_start_token_id).all())
+            prompt_length = prompt.shape[1] + (0 if starts_right else 1)
+        return RelativeMaxLengthCriteria(limits, prompt_length)
 
     def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
         """Beam search: follow the surviving beams in the self-attention cache only.
@@ -1009,8 +1065,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             past_key_values.reorder_cache(beam_idx)
         return past_key_values
 
-    def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor:
-        """Real (non-padding) source tokens per sentence, from the attention mask, else from the padding id."""
+    def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
+        """Real (non-padding) source tokens per sentence: from the attention mask, else from the padding id, else the
+        full length of `inputs_embeds` or of the encoder output; None when the call has no source."""
         mask = kwargs.get("attention_mask")
         if mask is not None and mask.dim() == 2:
             return mask.sum(-1).long()
@@ -1018,35 +1075,49 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         if ids is not None:
             _check_ids("input_ids", ids, self.config.vocab_size)
             return (ids != self.config.pad_token_id).sum(-1).long()
-        encoder_outputs = kwargs.get("encoder_outputs")
-        if encoder_outputs is not None:
-            states = encoder_outputs[0]
-            return torch.full((states.shape[0],), states.shape[1], dtype=torch.long, device=states.device)
-        raise ValueError("generate() needs input_ids, or encoder_outputs with an attention_mask.")
-
-    def _gnmt_alpha(self, length_penalty: float) -> float | None:
-        """alpha when the running generate() call ranks hypotheses with GNMT's penalty, else None."""
-        return length_penalty if getattr(self, "_length_penalty_type", "hf") == "gnmt" else None
+        states = kwargs.get("inputs_embeds")
+        if states is None and kwargs.get("encoder_outputs") is not None:
+            states = kwargs["encoder_outputs"][0]
+        if states is None:
+            return None
+        return torch.full((states.shape[0],), states.shape[1], dtype=torch.long, device=states.device)
 
     def _update_finished_beams(self, **kwargs):
         # GNMT: finished hypotheses are ranked by log P(Y) / ((5 + |Y|) / 6)^alpha; HF would divide by |Y|^alpha.
-        alpha = self._gnmt_alpha(kwargs["length_penalty"])
-        if alpha is not None:
+        alpha = kwargs["length_penalty"]
+        if isinstance(alpha, GnmtAlpha):
             length = kwargs["cur_len"] + 1 - kwargs["decoder_prompt_len"]
-            kwargs["topk_log_probs"] = kwargs["topk_log_probs"] / gnmt_length_penalty(length, alpha)
+            kwargs["topk_log_probs"] = kwargs["topk_log_probs"] / gnmt_length_penalty(length, float(alpha))
             kwargs["length_penalty"] = 0.0
         return super()._update_finished_beams(**kwargs)
 
     def _check_early_stop_heuristic(self, **kwargs):
         # The same bound as HF's, with GNMT's penalty: for early_stopping="never" the best a running hypothesis can
         # still reach is its score divided by lp(longest allowed length), as in tensor2tensor's `stop_early`.
-        alpha = self._gnmt_alpha(kwargs["length_penalty"])
-        if alpha is not None:
+        alpha = kwargs["length_penalty"]
+        if isinstance(alpha, GnmtAlpha):
             longest = kwargs["early_stopping"] == "never" and alpha > 0.0
             length = (kwargs["max_length"] if longest else kwargs["cur_len"]) - kwargs["decoder_prompt_len"]
-            kwargs["running_beam_scores"] = kwargs["running_beam_scores"] / gnmt_length_penalty(length, alpha)
+            kwargs["running_beam_scores"] = kwargs["running_beam_scores"] / gnmt_length_penalty(length, float(alpha))
             kwargs["length_penalty"] = 0.0
         return GenerationMixin._check_early_stop_heuristic(**kwargs)
+
+
+def _check_decoding_arguments(num_beams, relative_max_length, length_penalty_type) -> None:
+    """Raise a ValueError naming the value when one of generate()'s arguments is out of its range."""
+    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
+        raise ValueError(
+            f"num_beams={num_beams!r} is invalid; expected an integer >= 1 (1: greedy search or sampling, more: "
+            "beam search)."
+        )
+    if length_penalty_type not in LENGTH_PENALTY_TYPES:
+        raise ValueError(
+            f"length_penalty_type={length_penalty_type!r} is invalid; expected one of {LENGTH_PENALTY_TYPES}."
+        )
+    if relative_max_length is not None and (
+        isinstance(relative_max_length, bool) or not isinstance(relative_max_length, int) or relative_max_length < 0
+    ):
+        raise ValueError(f"relative_max_length={relative_max_length!r} is invalid; expected None or an integer >= 0.")
 
 
 def default_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:

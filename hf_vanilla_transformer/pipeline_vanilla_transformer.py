@@ -36,17 +36,31 @@ class VanillaTranslationPipeline(Pipeline):
 
     def __call__(self, inputs, *args, **kwargs):
         """A string gives a list of dicts, one per returned sequence (one unless `num_return_sequences` says more);
-        a list of strings gives one such dict per string, or a list of them per string with several sequences."""
+        a list of strings gives one such dict per string, or a list of them per string with several sequences.
+        Empty and whitespace-only strings translate to empty strings without running the model."""
         if isinstance(inputs, tuple):
             inputs = list(inputs)  # Pipeline batches lists only; it would hand a tuple to preprocess as one input
+        if isinstance(inputs, str) and not inputs.strip():
+            return self._blank(kwargs)
         if not isinstance(inputs, list):
             return super().__call__(inputs, *args, **kwargs)
         if not inputs:
             return []  # Pipeline looks at inputs[0] to tell chats apart
         if not all(isinstance(text, str) for text in inputs):  # before any sentence is translated
             raise TypeError("The translation pipeline takes a string or a list of strings.")
-        results = super().__call__(inputs, *args, **kwargs)
+        texts = [i for i, text in enumerate(inputs) if text.strip()]  # the others need no model
+        translated = super().__call__([inputs[i] for i in texts], *args, **kwargs) if texts else []
+        results = [self._blank(kwargs) for _ in inputs]
+        for index, result in zip(texts, translated, strict=True):
+            results[index] = result
         return [result[0] for result in results] if all(len(result) == 1 for result in results) else results
+
+    def _blank(self, call_kwargs: dict) -> list[dict]:
+        """The result of a blank input: as many empty translations as the call asks for sequences."""
+        sequences = call_kwargs.get("num_return_sequences", self._forward_params.get("num_return_sequences"))
+        if sequences is None:
+            sequences = getattr(self.model.generation_config, "num_return_sequences", None)
+        return [{"translation_text": ""} for _ in range(sequences or 1)]
 
     def preprocess(self, text: str, truncation: bool = False):
         if not isinstance(text, str):

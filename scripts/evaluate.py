@@ -6,17 +6,19 @@ Usage:
     python scripts/evaluate.py MODEL_DIR --data_files test.tsv   # or src.txt,ref.txt
     python scripts/evaluate.py MODEL_DIR --tokenized_bleu --num_beams 1 --output hypotheses.txt
 
-Prints sacreBLEU with its signature, chrF, and (with --tokenized_bleu) the paper-style tokenized BLEU.
+Prints sacreBLEU with its signature, chrF, and (with --tokenized_bleu) the paper-style tokenized BLEU. A bad data
+file (its file, line and what was expected) or a missing model folder ends the script with one line on standard
+error (exit status 1).
 """
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from hf_vanilla_transformer.data import load_corpus
-from hf_vanilla_transformer.inference import evaluate_translations
+from hf_vanilla_transformer.data import CorpusError, load_corpus
+from hf_vanilla_transformer.inference import evaluate_translations, load_translator
 
 
 def main() -> None:
@@ -33,17 +35,23 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
-    if args.data_files:
-        pairs = load_corpus(data_files=args.data_files, source_lang=args.source_lang, target_lang=args.target_lang)[
-            "train"
-        ]
-    else:
-        corpus = load_corpus(args.dataset, args.source_lang, args.target_lang)
-        if args.split not in corpus:
-            raise SystemExit(f"--split {args.split!r} is not one of {sorted(corpus)}")
-        pairs = corpus[args.split]
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=True).to(args.device)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    # 1. The pairs and the model; any problem with either is one line on standard error.
+    try:
+        if args.output and not Path(args.output).absolute().parent.is_dir():
+            raise FileNotFoundError(f"the folder of --output {args.output} does not exist")
+        if args.data_files:
+            corpus = load_corpus(data_files=args.data_files, source_lang=args.source_lang, target_lang=args.target_lang)
+            pairs = corpus["train"]
+        else:
+            corpus = load_corpus(args.dataset, args.source_lang, args.target_lang)
+            if args.split not in corpus:
+                raise ValueError(f"--split {args.split!r} is not one of {sorted(corpus)}")
+            pairs = corpus[args.split]
+        model, tokenizer = load_translator(args.model, args.device)
+    except (OSError, ValueError, CorpusError) as error:
+        raise SystemExit(f"evaluate.py: {error}") from None
+
+    # 2. Translate, score, report.
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
     scores, hypotheses = evaluate_translations(
         model, tokenizer, list(pairs["source"]), list(pairs["target"]), tokenized_bleu=args.tokenized_bleu, **kwargs

@@ -4,17 +4,21 @@ Usage:
     python scripts/translate.py MODEL_DIR < input.en > output.de
     python scripts/translate.py MODEL_DIR --input input.en --output output.de --num_beams 4 --max_tokens 4000
 
-Sentences are batched by length (longest first) and written back in input order. Decoding uses the model's
-generation config (the paper's beam 4, GNMT length penalty 0.6, source length + 50) unless a flag overrides it.
+Sentences are batched by length (longest first) and written back in input order; an empty or blank line gives an
+empty line without running the model. Decoding uses the model's generation config (the paper's beam 4, GNMT length
+penalty 0.6, source length + 50) unless a flag overrides it. A missing or unreadable input file or model folder
+ends the script with one line saying what was expected (exit status 1).
 """
 
 import argparse
+import io
 import sys
+from pathlib import Path
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from hf_vanilla_transformer.inference import translate
+from hf_vanilla_transformer.data import decode_text, read_text
+from hf_vanilla_transformer.inference import load_translator, translate
 
 
 def main() -> None:
@@ -27,20 +31,27 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, trust_remote_code=True).to(args.device)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    if args.input:
-        with open(args.input, encoding="utf-8") as handle:
-            lines = [line.rstrip("\n") for line in handle]
-    else:
-        lines = [line.rstrip("\n") for line in sys.stdin]
+    # 1. Read the input and the model; any problem with either is one line on standard error.
+    try:
+        if args.output and not Path(args.output).absolute().parent.is_dir():
+            raise FileNotFoundError(f"the folder of --output {args.output} does not exist")
+        text = read_text(args.input) if args.input else decode_text(sys.stdin.buffer.read(), "<stdin>")
+        model, tokenizer = load_translator(args.model, args.device)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"translate.py: {error}") from None
+    lines = [line.rstrip("\n") for line in io.StringIO(text, newline=None)]  # one sentence per line, as `open`
+
+    # 2. Translate and write in input order.
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
     outputs = translate(model, tokenizer, lines, max_tokens=args.max_tokens, progress=sys.stderr.isatty(), **kwargs)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            handle.writelines(text + "\n" for text in outputs)
+        try:
+            with open(args.output, "w", encoding="utf-8") as handle:
+                handle.writelines(sentence + "\n" for sentence in outputs)
+        except OSError as error:
+            raise SystemExit(f"translate.py: cannot write --output {args.output}: {error.strerror}") from None
     else:
-        sys.stdout.writelines(text + "\n" for text in outputs)
+        sys.stdout.writelines(sentence + "\n" for sentence in outputs)
         sys.stdout.flush()
 
 

@@ -199,6 +199,73 @@ def test_relative_max_length_is_checked():
         model.generate(random_ids(1, 4), relative_max_length=-1)
 
 
+@pytest.mark.parametrize("num_beams", [0, -2, 1.5])
+def test_num_beams_out_of_range_is_named(num_beams):
+    with pytest.raises(ValueError, match=f"num_beams={num_beams} is invalid; expected an integer >= 1"):
+        tiny_model().generate(random_ids(1, 4), num_beams=num_beams)
+
+
+def test_without_a_source_decoding_starts_from_bos_as_in_transformers():
+    # transformers' encoder-decoders read a source of BOS alone when generate() gets no input; "input length + 50"
+    # needs a source, so it steps aside and max_new_tokens (or transformers' default length) decides.
+    model = tiny_model(seed=1)
+    greedy = model.generate(max_new_tokens=5, num_beams=1, suppress_tokens=[EOS])
+    assert greedy.shape == (1, 6) and greedy[0, 0] == BOS
+    bos_source = torch.tensor([[BOS]])
+    assert torch.equal(greedy, model.generate(bos_source, max_new_tokens=5, num_beams=1, suppress_tokens=[EOS]))
+    beams = model.generate(max_new_tokens=5)  # the paper's beam search
+    assert torch.equal(beams, model.generate(bos_source, max_new_tokens=5))
+
+
+def test_the_relative_rule_measures_inputs_embeds_too():
+    model = tiny_model(seed=1)
+    sources = random_ids(2, 4)
+    embeds = model.get_input_embeddings()(sources)
+    out = model.generate(inputs_embeds=embeds, num_beams=1, relative_max_length=3, suppress_tokens=[PAD, EOS])
+    assert new_token_counts(out) == [7, 7]
+    assert torch.equal(out, model.generate(sources, num_beams=1, relative_max_length=3, suppress_tokens=[PAD, EOS]))
+
+
+class GenerateInside(LogitsProcessor):
+    """Runs a whole generate() of the same model, with other rules, at every step of the outer one."""
+
+    def __init__(self, model, source: torch.Tensor):
+        self.model, self.source, self.calls = model, source, 0
+
+    def __call__(self, input_ids, scores):
+        self.calls += 1
+        self.model.generate(self.source, num_beams=2, length_penalty_type="hf", max_new_tokens=2)
+        return scores
+
+
+def test_generate_inside_generate_keeps_each_calls_rules_and_nothing_on_the_model():
+    model = tiny_model(seed=3)
+    sources = random_ids(2, 6, seed=11)
+    attributes = set(vars(model))
+    plain = model.generate(sources, max_new_tokens=7, output_scores=True, return_dict_in_generate=True)
+    inside = GenerateInside(model, sources[:1])
+    nested = model.generate(
+        sources,
+        max_new_tokens=7,
+        logits_processor=LogitsProcessorList([inside]),
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    assert inside.calls >= 2
+    assert torch.equal(nested.sequences, plain.sequences)
+    assert torch.allclose(nested.sequences_scores, plain.sequences_scores)
+    log_prob, length = sequence_log_prob(model, sources[0], nested.sequences[0])  # still GNMT's, not the inner HF's
+    assert nested.sequences_scores[0].item() == pytest.approx(log_prob / gnmt_length_penalty(length, 0.6), abs=1e-4)
+    assert set(vars(model)) == attributes  # no per-call state left on the model
+
+
+def test_assisted_decoding_with_the_model_as_its_own_assistant():
+    model = tiny_model(seed=3)
+    source = random_ids(1, 6, seed=11)
+    assisted = model.generate(source, num_beams=1, max_new_tokens=6, assistant_model=model)
+    assert torch.equal(assisted, model.generate(source, num_beams=1, max_new_tokens=6))
+
+
 def test_save_load_and_remote_code_keep_the_defaults(tmp_path):
     from test_remote_code import run_without_package
 
