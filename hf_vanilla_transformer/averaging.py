@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 from pathlib import Path
@@ -15,6 +16,10 @@ from .modeling_vanilla_transformer import VanillaTransformerForConditionalGenera
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 COMPLETE = ".complete"  # written last, after every process has finished writing (see TransformerTrainer)
 HF_COMPLETE_MARKERS = ("model.safetensors", "trainer_state.json")
+# Average only over the last third of a run (a 5,400-update run saved every 450 averages updates 3,600-5,400) and
+# never a checkpoint whose validation loss is more than 2% above the last one's.
+AVERAGE_WINDOW = 1 / 3
+WORSE_THAN_LAST = 0.02
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -86,12 +91,66 @@ def average_checkpoints(
     return model
 
 
-def average_last_checkpoints(run_dir: str | Path, output_dir: str | Path, last: int = 5):
-    """Average the newest `last` complete checkpoints of `run_dir` into `output_dir`; returns (model, folders)."""
+def choose_checkpoints(
+    folders: list[Path],
+    last: int = 5,
+    window: float | None = AVERAGE_WINDOW,
+    eval_losses: dict[int, float] | None = None,
+    tolerance: float = WORSE_THAN_LAST,
+) -> list[Path]:
+    """The checkpoints worth averaging among a run's complete `folders` (oldest first): at most the newest `last`,
+    only from the last `window` of the run (steps >= (1 - window) * the last checkpoint's step; None: no limit), and,
+    where `eval_losses` ({step: validation loss}) knows both a checkpoint and the last one, none whose validation loss
+    exceeds the last one's by more than `tolerance` (relative). The last checkpoint is always chosen.
+
+    Averaging is worth it only over the end of a run: checkpoints from early in a short run are far from trained,
+    and averaging them in cost 7.8 BLEU in a 1,700-update run (SPEC.md, "What is known about learning")."""
     if last < 1:
         raise ValueError(f"last={last} is invalid; average at least one checkpoint.")
+    if window is not None and not 0 < window <= 1:
+        raise ValueError(f"average_window={window} is invalid; expected a fraction of the run in (0, 1].")
+    if not folders:
+        return []
+    steps = [checkpoint_step(folder) for folder in folders]
+    final = steps[-1]
+    start = math.floor((1 - window) * final + 1e-6) if window is not None else -math.inf  # 1e-6: 2/3 * 5400
+    losses = eval_losses or {}
+    reference = losses.get(final)
+    chosen = []
+    for folder, step in zip(folders[-last:], steps[-last:], strict=True):
+        if step < start:
+            continue
+        if step != final and reference is not None and step in losses and losses[step] > reference * (1 + tolerance):
+            continue
+        chosen.append(folder)
+    return chosen
+
+
+def checkpoint_step(folder: Path) -> int:
+    match = CHECKPOINT.match(Path(folder).name)
+    if match is None:
+        raise ValueError(f"{folder} is not a checkpoint-<step> folder.")
+    return int(match.group(1))
+
+
+def validation_losses(log_history: list[dict]) -> dict[int, float]:
+    """{update: validation loss} from a `Trainer` log history (the entries with an `eval_loss`)."""
+    return {int(entry["step"]): float(entry["eval_loss"]) for entry in log_history if "eval_loss" in entry}
+
+
+def average_last_checkpoints(
+    run_dir: str | Path,
+    output_dir: str | Path,
+    last: int = 5,
+    window: float | None = AVERAGE_WINDOW,
+    log_history: list[dict] | None = None,
+):
+    """Average the checkpoints `choose_checkpoints` picks among the complete ones of `run_dir` (the newest `last`
+    from the end of the run, none clearly worse than the last on validation) into `output_dir`.
+
+    Returns (model, folders)."""
     folders = checkpoint_folders(run_dir)
     if not folders:
         raise FileNotFoundError(f"{run_dir} holds no complete checkpoint-<step> folder to average.")
-    chosen = folders[-last:]
+    chosen = choose_checkpoints(folders, last, window, validation_losses(log_history or []))
     return average_checkpoints(chosen, output_dir), chosen

@@ -41,10 +41,26 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from .averaging import COMPLETE, average_last_checkpoints, checkpoint_folders
+from .averaging import AVERAGE_WINDOW, COMPLETE, average_last_checkpoints, checkpoint_folders
 from .batching import TokenBudgetBatchSampler, accumulation_steps
+from .budget import (
+    BUDGET_FILE,
+    FINISHING_SECONDS,
+    SAFETY,
+    TRAINER_OVERHEAD,
+    BudgetPlan,
+    TimeBudgetCallback,
+    calibration_batches,
+    cpu_has_fast_bf16,
+    decode_seconds,
+    measure_checkpoint_seconds,
+    measure_updates,
+    recorded_plan,
+    schedule_for,
+    updates_that_fit,
+)
 from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-from .data import load_corpus
+from .data import CorpusError, load_corpus
 from .metrics import seq2seq_bleu_metrics
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from .tokenization import check_special_tokens, corpus_texts, tokenize_corpus, train_bpe_tokenizer
@@ -102,7 +118,67 @@ class ModelDataArguments:
     )
     test_beams: int = field(default=4, metadata={"help": "Beam size for the final test evaluation (§6.1: 4)."})
     attn_implementation: str | None = field(
-        default=None, metadata={"help": "eager, sdpa or flash_attention_2 (default: transformers' choice, sdpa)."}
+        default=None,
+        metadata={
+            "help": "eager, sdpa or flash_attention_2 (default: transformers' choice, sdpa); auto: the faster of eager "
+            "and sdpa, measured on this machine before training."
+        },
+    )
+    recipe: str | None = field(
+        default=None,
+        metadata={"help": "A recipe file (cpu, base, big in configs/recipes/, or a path); flags override its values."},
+    )
+    max_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Time budget of the whole run in minutes (set-up, training, test decoding): the number of updates "
+            "is measured to fit it, unless --max_steps is given."
+        },
+    )
+    precision: str | None = field(
+        default=None,
+        metadata={
+            "help": "bf16 or fp32 (default: --bf16); auto: bf16 autocast where it measures faster (CPUs with bf16 "
+            "matrix units only), else fp32. An explicit --bf16 overrides auto.",
+            "choices": ["auto", "bf16", "fp32"],
+        },
+    )
+    peak_learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Scale the §5.3 schedule so that it peaks at this rate (sets lr_scale from the warmup)."},
+    )
+    checkpoints_per_run: int | None = field(
+        default=None, metadata={"help": "Save this many evenly spaced checkpoints over the run (instead of save_steps)."}
+    )
+    evaluations_per_run: int | None = field(
+        default=None, metadata={"help": "Validate this many times over the run (instead of eval_steps)."}
+    )
+    max_tokens_choices: str | None = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated max_tokens to choose from by measured speed (e.g. 2048,1024): the largest that "
+            "still gives --min_updates updates in the budget, else the smallest."
+        },
+    )
+    min_updates: int | None = field(
+        default=None, metadata={"help": "With --max_tokens_choices: the updates a budgeted run should reach."}
+    )
+    max_warmup_fraction: float | None = field(
+        default=None, metadata={"help": "Never warm up for more than this fraction of the run."}
+    )
+    max_epochs: float | None = field(
+        default=None, metadata={"help": "Never plan more updates than this many epochs of the training split."}
+    )
+    average_window: float = field(
+        default=AVERAGE_WINDOW,
+        metadata={"help": "Average only checkpoints from this last fraction of the run (the last one always)."},
+    )
+    scale_vocab_to_corpus: bool = field(
+        default=False,
+        metadata={
+            "help": "Cap vocab_size at a quarter of the training split's distinct words (rounded down to 500, at least "
+            "1000): a small corpus cannot fill a large vocabulary."
+        },
     )
 
 
@@ -115,7 +191,9 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam epsilon (§5.3: 1e-9)."})
     weight_decay: float = field(default=0.0, metadata={"help": "No weight decay in the paper."})
     max_grad_norm: float = field(default=0.0, metadata={"help": "No gradient clipping in the paper (0 = off)."})
-    warmup_steps: float = field(default=4000, metadata={"help": "Warmup steps of the §5.3 schedule (4000)."})
+    warmup_steps: float = field(
+        default=4000, metadata={"help": "Warmup updates of the §5.3 schedule (4000); below 1, a fraction of the run."}
+    )
     logging_steps: float = field(default=50, metadata={"help": "Log every N updates."})
     save_steps: float = field(default=1000, metadata={"help": "Save a checkpoint every N updates."})
     predict_with_generate: bool = field(default=True, metadata={"help": "Evaluate BLEU with generate()."})
@@ -132,45 +210,6 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
             "choices": ["non_padding", "all", "no"],
         },
     )
-
-
-def cpu_has_fast_bf16() -> bool:
-    """True on CPUs with native bf16 matrix units (AMX or AVX512-BF16), where bf16 autocast speeds training up."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " amx_bf16" in flags or " avx512_bf16" in flags
-
-
-# The main job's recipe: the paper's, scaled to a 2-core CPU and about 25 minutes (README.md, "The main job", gives
-# the measurements behind each choice).
-CPU_RECIPE = {
-    "model_data": dict(
-        preset="small",  # d_model 256, 3 + 3 layers, 4 heads, d_ff 1024
-        vocab_size=8000,
-        max_tokens=2048,  # about 1,700 source + 1,700 target tokens per update
-        lr_scale=1.0,
-        dropout=0.0,  # a short run does not overfit; dropout costs a quarter of the step on a CPU
-        label_smoothing=0.1,
-        max_length=256,
-        average_last=5,
-        attn_implementation="eager",  # faster than SDPA's CPU kernels at these lengths in bf16
-        test_beams=4,
-        max_eval_samples=200,  # validation BLEU for the training curves: 200 pairs, greedy, every 900 updates
-    ),
-    "training": dict(
-        max_steps=5400,
-        warmup_steps=1000,
-        save_steps=450,
-        logging_steps=100,
-        eval_strategy="steps",
-        eval_steps=900,
-        generation_num_beams=1,
-        bf16=cpu_has_fast_bf16(),
-        use_cpu=True,
-    ),
-}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -404,10 +443,27 @@ def build_tokenizer(
     saved = output_dir / "tokenizer"
     if (saved / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(saved)
-    tokenizer = train_bpe_tokenizer(corpus_texts(corpus, "train"), vocab_size=recipe.vocab_size)
+    vocab_size = vocab_size_for(recipe, corpus["train"])
+    if vocab_size != recipe.vocab_size:
+        logger.info("vocabulary %d instead of %d: the training split has too few distinct words", vocab_size,
+                    recipe.vocab_size)
+    tokenizer = train_bpe_tokenizer(corpus_texts(corpus, "train"), vocab_size=vocab_size)
     if save:
         tokenizer.save_pretrained(saved)
     return tokenizer
+
+
+def vocab_size_for(recipe: ModelDataArguments, train) -> int:
+    """The vocabulary to learn: `vocab_size`, capped by corpus size when `scale_vocab_to_corpus` (a quarter of the
+    distinct whitespace-separated words of both sides, rounded down to 500, at least 1000: the LibreOffice help
+    EN-DE has 60,788, so the CPU recipe's 8,000 stand; 200 pairs have 1,502)."""
+    if not recipe.scale_vocab_to_corpus:
+        return recipe.vocab_size
+    words = set()
+    for batch in train.iter(batch_size=5000):
+        for text in batch["source"] + batch["target"]:
+            words.update(text.split())
+    return min(recipe.vocab_size, max(1000, len(words) // 4 // 500 * 500))
 
 
 def build_model(recipe: ModelDataArguments, tokenizer) -> VanillaTransformerForConditionalGeneration:
@@ -430,7 +486,7 @@ def build_model(recipe: ModelDataArguments, tokenizer) -> VanillaTransformerForC
             **overrides,
         )
         model = VanillaTransformerForConditionalGeneration(config)
-    if recipe.attn_implementation:
+    if recipe.attn_implementation and recipe.attn_implementation != "auto":  # auto: measured in plan_run
         model.set_attn_implementation(recipe.attn_implementation)
     check_special_tokens(tokenizer, model.config)
     return model
@@ -451,24 +507,38 @@ def check_schedule_arguments(args: TransformerTrainingArguments) -> None:
         )
 
 
-def prepare_run(recipe: ModelDataArguments, args: TransformerTrainingArguments):
-    """Everything `Trainer` needs, built from the two argument dataclasses. Returns (trainer, tokenizer, corpus)."""
+def prepare_run(
+    recipe: ModelDataArguments,
+    args: TransformerTrainingArguments,
+    resume: str | None = None,
+    started: float | None = None,
+):
+    """Everything `Trainer` needs, built from the two argument dataclasses: corpus, tokenizer, model, batches, and
+    the run's plan (its length, schedule, precision and attention; measured to fit `max_minutes` where given, taken
+    from the checkpoint `resume` when resuming). `started` (time.time()) is when the budget's clock started.
+
+    Returns (trainer, tokenizer, corpus); the plan is `trainer.plan`."""
+    started = time.time() if started is None else started
     check_schedule_arguments(args)
+    check_recipe_arguments(recipe)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     # Each machine's first process fetches the corpus into its cache, then the others read it instead of racing it
     # to the same files. The main process learns and saves the tokenizer; the others load it where they can see
     # it, else learn the same one (BPE learning is deterministic) without writing it.
     with args.main_process_first(local=True, desc="corpus"):
-        corpus = load_corpus(
-            recipe.dataset,
-            recipe.source_lang,
-            recipe.target_lang,
-            recipe.data_files,
-            recipe.validation_files,
-            recipe.test_files,
-            recipe.data_cache_dir,
-        )
+        try:
+            corpus = load_corpus(
+                recipe.dataset,
+                recipe.source_lang,
+                recipe.target_lang,
+                recipe.data_files,
+                recipe.validation_files,
+                recipe.test_files,
+                recipe.data_cache_dir,
+            )
+        except (ValueError, UnicodeDecodeError) as error:  # a bad file or language: one line naming it
+            raise CorpusError(str(error)) from error
     with args.main_process_first(local=False, desc="tokenizer"):
         tokenizer = build_tokenizer(recipe, corpus, output_dir, save=args.should_save)
     encoded = tokenize_corpus(corpus, tokenizer, max_length=recipe.max_length)
@@ -476,33 +546,41 @@ def prepare_run(recipe: ModelDataArguments, args: TransformerTrainingArguments):
     model = build_model(recipe, tokenizer)
 
     train = encoded["train"]
-    sampler = TokenBudgetBatchSampler(
-        [len(ids) for ids in train["input_ids"]],
-        [len(ids) for ids in train["labels"]],
-        max_tokens=recipe.max_tokens,
-        seed=args.seed,
-    )
-    args.gradient_accumulation_steps = max(
-        args.gradient_accumulation_steps,
-        accumulation_steps(recipe.tokens_per_update, recipe.max_tokens, args.world_size),
-    )
-    # The §5.3 schedule: peak lr_scale * d_model^-0.5 * warmup^-0.5 at the end of warmup.
-    args.learning_rate = recipe.lr_scale * model.config.d_model**-0.5
+    source_lengths, target_lengths = [len(ids) for ids in train["input_ids"]], [len(ids) for ids in train["labels"]]
+
+    def batches_of(max_tokens: int) -> TokenBudgetBatchSampler:
+        return TokenBudgetBatchSampler(source_lengths, target_lengths, max_tokens=max_tokens, seed=args.seed)
+
+    given_accumulation = args.gradient_accumulation_steps
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model)
     evaluation = encoded.get("validation")
     if evaluation is not None and recipe.max_eval_samples is not None:
         evaluation = evaluation.select(range(min(recipe.max_eval_samples, len(evaluation))))
+    test_pairs = len(corpus["test"] if "test" in corpus else corpus.get("validation", []))
+    plan = plan_run(recipe, args, model, train, batches_of, collator, evaluation, test_pairs, resume, started)
+    apply_plan(plan, recipe, args, model)
+    sampler = batches_of(recipe.max_tokens)
+    args.gradient_accumulation_steps = max(
+        given_accumulation, accumulation_steps(recipe.tokens_per_update, recipe.max_tokens, args.world_size)
+    )
+
     callbacks = [SaveEveryCallback(recipe.save_minutes)] if recipe.save_minutes else []
+    deadline = None
+    if plan.max_minutes and resume is None:  # the run's training must end in time for the test decoding
+        deadline = plan.max_minutes * 60 - (time.time() - started) - plan.predicted_decode_seconds - FINISHING_SECONDS
+    callbacks.append(TimeBudgetCallback(plan.to_dict(), deadline_seconds=deadline))
     trainer = TransformerTrainer(
         model=model,
         args=args,
         train_dataset=train,
         eval_dataset=evaluation,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        data_collator=collator,
         processing_class=tokenizer,
         compute_metrics=seq2seq_bleu_metrics(tokenizer),
         batch_sampler=sampler,
         callbacks=callbacks,
     )
+    trainer.plan = plan
     if trainer.pop_callback(ProgressCallback) is not None:
         trainer.add_callback(TrainingProgressCallback())
     logger.info(
@@ -514,6 +592,283 @@ def prepare_run(recipe: ModelDataArguments, args: TransformerTrainingArguments):
         args.learning_rate * noam_factor(int(args.warmup_steps), int(args.warmup_steps)),
     )
     return trainer, tokenizer, corpus
+
+
+def check_recipe_arguments(recipe: ModelDataArguments) -> None:
+    """Raise a ValueError naming the value for recipe fields out of range."""
+    if recipe.max_minutes is not None and recipe.max_minutes <= 0:
+        raise ValueError(f"max_minutes={recipe.max_minutes} is invalid; expected a positive number of minutes.")
+    if recipe.peak_learning_rate is not None and recipe.peak_learning_rate <= 0:
+        raise ValueError(f"peak_learning_rate={recipe.peak_learning_rate} is invalid; expected a positive rate.")
+    for name in ("checkpoints_per_run", "evaluations_per_run"):
+        value = getattr(recipe, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{name}={value} is invalid; expected at least 1.")
+    if recipe.min_updates is not None and recipe.min_updates < 1:
+        raise ValueError(f"min_updates={recipe.min_updates} is invalid; expected at least 1.")
+    if recipe.max_warmup_fraction is not None and not 0 < recipe.max_warmup_fraction <= 1:
+        raise ValueError(f"max_warmup_fraction={recipe.max_warmup_fraction} is invalid; expected a fraction in (0, 1].")
+    if recipe.max_epochs is not None and recipe.max_epochs <= 0:
+        raise ValueError(f"max_epochs={recipe.max_epochs} is invalid; expected a positive number of epochs.")
+    if not 0 < recipe.average_window <= 1:
+        raise ValueError(f"average_window={recipe.average_window} is invalid; expected a fraction in (0, 1].")
+    if recipe.attn_implementation not in (None, "auto", "eager", "sdpa", "flash_attention_2", "flex_attention"):
+        raise ValueError(
+            f"attn_implementation={recipe.attn_implementation!r} is invalid; expected eager, sdpa, "
+            "flash_attention_2, flex_attention or auto."
+        )
+
+
+def updates_per_epoch(sampler: TokenBudgetBatchSampler, accumulation: int, world_size: int) -> int:
+    return max(1, math.ceil(len(sampler) / (accumulation * max(1, world_size))))
+
+
+def token_choices(recipe: ModelDataArguments) -> list[int]:
+    """The batch sizes (max_tokens) the planner may choose from, largest first."""
+    if not recipe.max_tokens_choices:
+        return [recipe.max_tokens]
+    try:
+        choices = sorted({int(value) for value in recipe.max_tokens_choices.split(",")}, reverse=True)
+    except ValueError:
+        choices = []
+    if not choices or min(choices) < 1:
+        raise ValueError(
+            f"max_tokens_choices={recipe.max_tokens_choices!r} is invalid; expected positive token counts such as "
+            "'2048,1024'."
+        )
+    return choices
+
+
+def plan_run(
+    recipe: ModelDataArguments,
+    args: TransformerTrainingArguments,
+    model,
+    train,
+    batches_of,
+    collator,
+    evaluation,
+    test_pairs: int,
+    resume: str | None,
+    started: float,
+) -> BudgetPlan:
+    """The run's plan: the recorded one when resuming a run that has one; else measured (where the budget or an
+    `auto` choice asks for it) and computed. Under several processes every process measures (as they will train,
+    side by side) and the main process's plan is the one all of them follow."""
+    budgeted = recipe.max_minutes is not None and args.max_steps <= 0
+    if resume is not None or budgeted:
+        kept = recorded_plan(args.output_dir, resume)
+        if kept is not None:
+            logger.info("keeping the plan of the run being resumed: %s", kept.summary())
+            return kept
+    plan = _new_plan(recipe, args, model, train, batches_of, collator, evaluation, test_pairs, started, budgeted)
+    plan = broadcast_object_list([plan])[0]
+    if args.should_save:
+        save_json(Path(args.output_dir) / BUDGET_FILE, plan.to_dict())
+    return plan
+
+
+def _candidates(recipe: ModelDataArguments, args: TransformerTrainingArguments) -> tuple[list[str], list[str | None]]:
+    """The precisions and attention implementations to measure (one each where the recipe fixed them)."""
+    if recipe.precision == "auto":
+        on_cpu = args.use_cpu or not torch.cuda.is_available()
+        precisions = ["fp32", "bf16"] if (cpu_has_fast_bf16() or not on_cpu) else ["fp32"]
+    else:
+        precisions = [recipe.precision or ("bf16" if args.bf16 else "fp32")]
+    attentions = ["eager", "sdpa"] if recipe.attn_implementation == "auto" else [recipe.attn_implementation]
+    return precisions, attentions
+
+
+def _new_plan(recipe, args, model, train, batches_of, collator, evaluation, test_pairs, started, budgeted) -> BudgetPlan:
+    precisions, attentions = _candidates(recipe, args)
+    sizes = token_choices(recipe) if budgeted else [recipe.max_tokens]
+    reasons, measured = [], {}
+    precision, attention = precisions[0], attentions[0]
+    per_size: dict[int, float] = {}  # max_tokens -> seconds per batch of the chosen precision and attention
+
+    def measure(max_tokens: int, candidates: list[tuple[str, str | None]]) -> dict[str, float]:
+        chosen = calibration_batches(list(iter(batches_of(max_tokens))), count=12)
+        batches = [collator([{k: train[i][k] for k in ("input_ids", "labels")} for i in batch]) for batch in chosen]
+        device = torch.device("cuda") if torch.cuda.is_available() and not args.use_cpu else torch.device("cpu")
+        batches = [{k: v.to(device) for k, v in batch.items()} for batch in batches]
+        return measure_updates(model.to(device), batches, candidates)
+
+    if budgeted or len(precisions) * len(attentions) > 1:
+        # 1. Measure an update for each precision and attention on real batches of this corpus (on copies of the
+        #    model), at the largest batch size; then the fastest at the other sizes the recipe allows.
+        candidates = [(p, a) for p in precisions for a in attentions]
+        measured = measure(sizes[0], candidates)
+        (precision, attention), per_size[sizes[0]] = min(
+            ((c, measured[f"{c[0]}/{c[1] or 'default'}"]) for c in candidates), key=lambda item: item[1]
+        )
+        reasons += _choice_reasons(recipe, precisions, attentions, measured, precision, attention)
+        measured = {f"{key}@{sizes[0]}": value for key, value in measured.items()}
+        for size in sizes[1:]:
+            key = f"{precision}/{attention or 'default'}"
+            per_size[size] = measure(size, [(precision, attention)])[key]
+            measured[f"{key}@{size}"] = per_size[size]
+    # 2. The number of updates (and the batch size): given, or what fits the budget.
+    max_tokens, seconds_per_update = sizes[0], None
+    if budgeted:
+        for max_tokens in sizes:
+            accumulation = max(
+                args.gradient_accumulation_steps,
+                accumulation_steps(recipe.tokens_per_update, max_tokens, args.world_size),
+            )
+            seconds_per_update = per_size[max_tokens] * accumulation
+            per_epoch = updates_per_epoch(batches_of(max_tokens), accumulation, args.world_size)
+            max_steps, training_seconds, decode, reason = _updates_for_budget(
+                recipe, args, model, evaluation, test_pairs, per_epoch, seconds_per_update, max_tokens * accumulation,
+                started,
+            )
+            if recipe.min_updates is None or max_steps >= recipe.min_updates:
+                break
+        if len(sizes) > 1:
+            reason = f"{reason}; batches of {max_tokens:,} tokens per side" + (
+                f" (of {', '.join(map(str, sizes))}: the largest that gives {recipe.min_updates:,} updates)"
+                if recipe.min_updates is not None and max_steps >= recipe.min_updates
+                else f" (of {', '.join(map(str, sizes))}: none gives {recipe.min_updates or 0:,} updates here)"
+            )
+        reasons.append(reason)
+    else:
+        if per_size:
+            seconds_per_update = per_size[max_tokens]
+        accumulation = max(
+            args.gradient_accumulation_steps, accumulation_steps(recipe.tokens_per_update, max_tokens, args.world_size)
+        )
+        per_epoch = updates_per_epoch(batches_of(max_tokens), accumulation, args.world_size)
+        max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
+        training_seconds = decode = None
+        reasons.append(f"{max_steps:,} updates as given")
+    if max_steps < 1:
+        raise ValueError(
+            f"max_minutes={recipe.max_minutes} leaves no time to train on this machine (set-up took "
+            f"{(time.time() - started) / 60:.1f} min, an update {seconds_per_update:.2f} s); give more minutes."
+        )
+    # 3. The schedule follows from the length.
+    warmup, save, evaluate = schedule_for(
+        max_steps,
+        args.warmup_steps,
+        recipe.checkpoints_per_run,
+        recipe.evaluations_per_run,
+        args.save_steps,
+        args.eval_steps,
+        max_warmup_fraction=recipe.max_warmup_fraction,
+    )
+    cadence = f"warmup {warmup:,} updates, a checkpoint every {save:,}"
+    if args.eval_strategy == "steps" and evaluate:
+        cadence += f", validation every {evaluate:,}"
+    reasons.append(cadence)
+    return BudgetPlan(
+        max_steps=max_steps,
+        warmup_steps=warmup,
+        save_steps=save,
+        eval_steps=evaluate,
+        precision=precision,
+        attn_implementation=attention,
+        max_tokens=max_tokens,
+        max_minutes=recipe.max_minutes if budgeted else None,
+        seconds_per_update=seconds_per_update,
+        planned_training_seconds=training_seconds,
+        predicted_decode_seconds=decode,
+        measured=measured,
+        reasons=reasons,
+    )
+
+
+def _choice_reasons(recipe, precisions, attentions, measured, precision, attention) -> list[str]:
+    def seconds(p, a):
+        return measured[f"{p}/{a or 'default'}"]
+
+    reasons = []
+    if recipe.precision == "auto" and len(precisions) == 1:
+        reasons.append("fp32: no bf16 matrix units in this CPU (AMX or AVX512-BF16)")
+    elif len(precisions) > 1:
+        other = next(p for p in precisions if p != precision)
+        reasons.append(
+            f"{precision}: {seconds(precision, attention):.2f} s per update against "
+            f"{seconds(other, attention):.2f} s in {other}"
+        )
+    else:
+        reasons.append(f"{precision} as given")
+    if len(attentions) > 1:
+        other = next(a for a in attentions if a != attention)
+        reasons.append(
+            f"{attention} attention: {seconds(precision, attention):.2f} s per update against "
+            f"{seconds(precision, other):.2f} s with {other}"
+        )
+    return reasons
+
+
+def _updates_for_budget(
+    recipe, args, model, evaluation, test_pairs, per_epoch, seconds_per_update, tokens_per_update, started
+):
+    """(updates, planned training seconds, predicted test decoding seconds, the reason in words)."""
+    update = seconds_per_update * TRAINER_OVERHEAD
+    tokens = tokens_per_update  # padded tokens per side and process
+    decode = decode_seconds(test_pairs, recipe.test_beams, update, tokens)
+    checkpoints = recipe.checkpoints_per_run or 0
+    checkpoint_seconds = measure_checkpoint_seconds(model) if checkpoints else 0.0
+    validates = args.eval_strategy == "steps" and evaluation is not None
+    validations = (recipe.evaluations_per_run or 0) if validates else 0
+    validation_seconds = (
+        decode_seconds(len(evaluation), args.generation_num_beams or 1, update, tokens) + len(evaluation) / 640 * update
+        if validations
+        else 0.0
+    )
+    spent = time.time() - started
+    budget = recipe.max_minutes * 60
+    left = (budget - spent - decode - FINISHING_SECONDS) * SAFETY
+    fit = updates_that_fit(left, update, checkpoints, checkpoint_seconds, validations, validation_seconds)
+    reason = (
+        f"{fit:,} updates fit {left / 60:.1f} training minutes of the {recipe.max_minutes:g}-minute budget "
+        f"({update:.2f} s each; set-up so far {spent / 60:.1f} min, test decoding {decode / 60:.1f} min predicted)"
+    )
+    if recipe.max_epochs is not None and fit > recipe.max_epochs * per_epoch:
+        fit = max(1, math.floor(recipe.max_epochs * per_epoch))
+        reason += f"; capped at {fit:,} = {recipe.max_epochs:g} epochs of this corpus"
+    training = fit * update + checkpoints * checkpoint_seconds + validations * validation_seconds
+    return fit, training, decode, reason
+
+
+def apply_plan(plan: BudgetPlan, recipe: ModelDataArguments, args: TransformerTrainingArguments, model) -> None:
+    """Set the run's length, schedule, precision and attention from `plan`, and the §5.3 learning rate."""
+    nominal_warmup = args.warmup_steps
+    args.max_steps = plan.max_steps
+    if plan.max_tokens:
+        recipe.max_tokens = plan.max_tokens
+    args.warmup_steps = plan.warmup_steps
+    args.save_steps = plan.save_steps
+    if plan.eval_steps:
+        args.eval_steps = plan.eval_steps
+    args.bf16 = plan.precision == "bf16"
+    args.mixed_precision = "bf16" if args.bf16 else ("fp16" if args.fp16 else "no")
+    if plan.attn_implementation:
+        model.set_attn_implementation(plan.attn_implementation)
+    # The §5.3 schedule: peak lr_scale * d_model^-0.5 * warmup^-0.5 at the end of warmup. A recipe that names its
+    # peak gets the lr_scale that reaches it; where a short run cut the warmup (max_warmup_fraction), the rate climbs
+    # the same ramp and peaks lower: a post-LN model needs the ramp (warmup 308 to the full peak stalled at loss 4.7
+    # on the CPU recipe, docs/cpu_recipe.md).
+    if recipe.peak_learning_rate is not None:
+        peak = recipe.peak_learning_rate
+        if nominal_warmup >= 1 and plan.warmup_steps < nominal_warmup:
+            peak *= plan.warmup_steps / nominal_warmup
+        recipe.lr_scale = peak * (model.config.d_model * plan.warmup_steps) ** 0.5
+    args.learning_rate = recipe.lr_scale * model.config.d_model**-0.5
+
+
+def _step_of(checkpoint: str | None) -> int:
+    """The update a checkpoint folder was saved at (0 for none)."""
+    return int(Path(checkpoint).name.rsplit("-", 1)[1]) if checkpoint else 0
+
+
+def process_start_time() -> float:
+    """When this process started (time.time() scale), or now where that cannot be read."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # psutil missing or the platform does not say
+        return time.time()
 
 
 def latest_checkpoint(output_dir: str | Path) -> str | None:
@@ -575,8 +930,7 @@ def _train_and_evaluate(
     from .inference import evaluate_translations
     from .plots import write_run_plots
 
-    started = time.time()
-    trainer, tokenizer, corpus = prepare_run(recipe, args)
+    started = process_start_time()  # a budget counts the whole run, interpreter start-up included
     output_dir = Path(args.output_dir)
     # The main process picks the checkpoint to resume from and every process takes the same one (on several
     # machines, output_dir must be storage they share: only the main process writes checkpoints).
@@ -584,15 +938,22 @@ def _train_and_evaluate(
     if resume:
         validate_checkpoint(resume)
         logger.info("resuming from %s", resume)
+    trainer, tokenizer, corpus = prepare_run(recipe, args, resume=resume, started=started)
+    if args.should_save:
+        print(f"Plan: {trainer.plan.summary()}.", flush=True)
     train_started = time.time()
     trainer.train(resume_from_checkpoint=resume)
     train_seconds = time.time() - train_started
+    budget_callback = next(c for c in trainer.callback_handler.callbacks if isinstance(c, TimeBudgetCallback))
     if not args.should_save:
         # Averaging, the test decoding and the model folder are the main process's work; the others are done.
         return None
 
     # 1. Average the last checkpoints into the model folder (§6.1).
-    model, averaged = average_last_checkpoints(output_dir, output_dir, last=recipe.average_last)
+    model, averaged = average_last_checkpoints(
+        output_dir, output_dir, last=recipe.average_last, window=recipe.average_window,
+        log_history=trainer.state.log_history,
+    )
     tokenizer.save_pretrained(output_dir)
     model.to(trainer.args.device)
 
@@ -626,13 +987,18 @@ def _train_and_evaluate(
             "max_length": recipe.max_length,
             "seed": args.seed,
             "bf16": args.bf16,
+            "attn_implementation": trainer.plan.attn_implementation,
+            "recipe_file": recipe.recipe,
+            "max_minutes": recipe.max_minutes,
         },
         "training": {
             "steps": steps,
             "epochs": epochs_for(steps, trainer),
             "seconds": train_seconds,
+            "seconds_per_update": train_seconds / max(1, steps - _step_of(resume)),
             "final_loss": next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
         },
+        "plan": {**trainer.plan.to_dict(), "stopped_early_at": budget_callback.stopped_early_at},
         "averaged_checkpoints": [path.name for path in averaged],
         "test": {
             "bleu": scores["score"],

@@ -311,7 +311,8 @@ def test_the_train_script_under_two_processes_leaves_one_complete_model_folder(t
         str(ROOT / "scripts" / "train.py"),
         *("--preset", "tiny", "--max_steps", "8", "--save_steps", "4", "--output_dir", str(tmp_path / "run")),
         *("--data_files", FIXTURE, "--validation_files", fixture_40, "--test_files", fixture_40),
-        *("--vocab_size", "500", "--max_tokens", "300", "--average_last", "2", "--test_beams", "1"),
+        *("--vocab_size", "500", "--max_tokens", "300", "--average_last", "2", "--average_window", "0.5"),
+        *("--test_beams", "1"),
         *("--disable_tqdm", "true", "--use_cpu", "true"),
     ]
     result = subprocess.run(

@@ -15,7 +15,6 @@ from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration, t
 from hf_vanilla_transformer.averaging import average_checkpoints, average_last_checkpoints, checkpoint_folders
 from hf_vanilla_transformer.inference import evaluate_translations
 from hf_vanilla_transformer.training import (
-    CPU_RECIPE,
     ModelDataArguments,
     TrainingProgressCallback,
     TransformerTrainingArguments,
@@ -178,7 +177,8 @@ def test_the_train_script_leaves_a_complete_model_folder(trained_folder):
     ):
         assert (output / name).exists(), name
     results = json.loads((output / "results.json").read_text())
-    assert results["averaged_checkpoints"] == ["checkpoint-10", "checkpoint-20", "checkpoint-30"]
+    # --average_last 3 of checkpoints 10, 20, 30: only the last third of the run is averaged
+    assert results["averaged_checkpoints"] == ["checkpoint-20", "checkpoint-30"]
     assert results["training"]["steps"] == 30 and results["test"]["pairs"] == 40
     assert math.isfinite(results["test"]["bleu"]) and "nrefs:1" in results["test"]["bleu_signature"]
     assert f"value: {round(results['test']['bleu'], 2)}" in (output / "README.md").read_text()
@@ -204,14 +204,26 @@ def test_the_progress_lines_read_well_in_a_log_file(trained_folder):
     assert "\x1b[" not in result.stdout + result.stderr
 
 
-def test_the_main_jobs_recipe_is_made_of_real_arguments(tmp_path):
-    """CPU_RECIPE (scripts/main.py) builds both argument sets, passes the schedule checks, and saves and validates
-    at the last update, with enough checkpoints before it to average."""
-    recipe = ModelDataArguments(**CPU_RECIPE["model_data"])
-    args = TransformerTrainingArguments(output_dir=str(tmp_path), **CPU_RECIPE["training"])
+def test_the_main_jobs_recipe_averages_the_last_third_of_any_run_length(tmp_path):
+    """The CPU recipe file (scripts/main.py) builds both argument sets and passes the schedule checks; whatever
+    length the budget fixes, its checkpoints fall so that the last five averaged cover the end of the run."""
+    from hf_vanilla_transformer.averaging import choose_checkpoints
+    from hf_vanilla_transformer.budget import schedule_for
+    from hf_vanilla_transformer.recipes import parse_arguments
+
+    recipe, args = parse_arguments(["--output_dir", str(tmp_path)], default_recipe="cpu")
     check_schedule_arguments(args)
-    assert args.max_steps % args.save_steps == 0 and args.max_steps % args.eval_steps == 0
-    assert recipe.average_last * args.save_steps <= args.max_steps
+    for steps in (300, 1700, 2100, 5400):
+        warmup, save, evaluate = schedule_for(
+            steps, args.warmup_steps, recipe.checkpoints_per_run, recipe.evaluations_per_run, args.save_steps, None,
+            recipe.max_warmup_fraction,
+        )
+        assert warmup == min(1000, round(0.35 * steps))
+        assert evaluate % save == 0  # validation where a checkpoint is written
+        saved = [*range(save, steps, save), steps]
+        chosen = choose_checkpoints([Path(f"checkpoint-{s}") for s in saved], recipe.average_last, recipe.average_window)
+        first = int(chosen[0].name.split("-")[1])
+        assert len(chosen) >= 4 and first >= 0.66 * steps, (steps, chosen)
 
 
 def test_the_progress_rate_leaves_validation_and_checkpoint_time_out(monkeypatch, capsys):

@@ -1,0 +1,75 @@
+"""Training recipes as files: `configs/recipes/<name>.yaml` (cpu, base, big) or any YAML/JSON file of flags.
+
+A recipe holds values of `ModelDataArguments` and `TransformerTrainingArguments`; it becomes the defaults of
+`HfArgumentParser`, so every flag on the command line overrides it:
+
+    python scripts/train.py --recipe cpu --data_files mine.tsv --max_minutes 30 --output_dir runs/mine
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+from transformers import HfArgumentParser
+
+from .training import (
+    ModelDataArguments,
+    TransformerTrainingArguments,
+    check_recipe_arguments,
+    check_schedule_arguments,
+)
+
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "configs" / "recipes"
+
+
+def recipe_file(name: str | Path) -> Path:
+    """The file of recipe `name`: a path to a .yaml/.yml/.json file, or the name of one in configs/recipes/."""
+    path = Path(name)
+    if path.suffix not in (".yaml", ".yml", ".json"):
+        path = RECIPES_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.is_dir() else []
+        raise ValueError(
+            f"recipe {str(name)!r} not found ({path}); expected a YAML or JSON file, or one of {known} in {RECIPES_DIR}."
+        )
+    return path
+
+
+def read_recipe(name: str | Path) -> dict:
+    """The flags of recipe `name` as a dict; a ValueError names any key that is no flag."""
+    path = recipe_file(name)
+    values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} holds a {type(values).__name__}; expected a mapping of flag names to values.")
+    known = set(ModelDataArguments.__dataclass_fields__) | set(TransformerTrainingArguments.__dataclass_fields__)
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{path}: {unknown} are not flags of scripts/train.py; see `python scripts/train.py --help`.")
+    return values
+
+
+def parse_arguments(
+    argv: list[str] | None = None, default_recipe: str | None = None, defaults: dict | None = None
+) -> tuple[ModelDataArguments, TransformerTrainingArguments]:
+    """The two argument dataclasses from the command line `argv`, over the values of `--recipe` (or
+    `default_recipe`), over `defaults`. An explicit `--bf16` fixes the precision that a recipe's `auto` would
+    measure (`--bf16 false` on an AMX machine shows what a CPU without bf16 units gets)."""
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--recipe", default=default_recipe)
+    known, _ = first.parse_known_args(argv)
+    values = dict(defaults or {})
+    if known.recipe:
+        values.update(read_recipe(known.recipe))
+        values["recipe"] = str(known.recipe)
+    parser = HfArgumentParser((ModelDataArguments, TransformerTrainingArguments))
+    parser.set_defaults(**values)
+    recipe, args = parser.parse_args_into_dataclasses(args=argv)
+    given = argv if argv is not None else __import__("sys").argv[1:]
+    if any(token == "--bf16" or token.startswith("--bf16=") for token in given):
+        recipe.precision = "bf16" if args.bf16 else "fp32"
+    check_recipe_arguments(recipe)
+    check_schedule_arguments(args)
+    return recipe, args

@@ -1,0 +1,325 @@
+"""The time budget (`--max_minutes`) and the recipe files: the planner's arithmetic with fixed expected values, the
+choice of checkpoints to average, the measurement that leaves the model alone, the recipes read as flags, and
+budgeted runs of the real train script (one that stops on its own, one killed and resumed with its plan kept)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import TrainerControl, TrainerState
+
+from hf_vanilla_transformer.averaging import choose_checkpoints, validation_losses
+from hf_vanilla_transformer.budget import (
+    BudgetPlan,
+    TimeBudgetCallback,
+    calibration_batches,
+    decode_seconds,
+    measure_updates,
+    recorded_plan,
+    schedule_for,
+    spacing_for,
+    updates_that_fit,
+    warmup_for,
+)
+from hf_vanilla_transformer.recipes import parse_arguments, read_recipe
+from hf_vanilla_transformer.training import check_schedule_arguments
+
+from conftest import FIXTURES, ROOT, random_ids, tiny_model
+
+
+TRAIN_200 = str(FIXTURES / "libreoffice_help_en_de_200.tsv")
+TEST_40 = str(FIXTURES / "libreoffice_help_en_de_test_40.tsv")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Arithmetic
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_updates_that_fit_pay_for_checkpoints_and_validations_first():
+    # (1000 s - 12 checkpoints x 1 s - 6 validations x 10 s) / 0.5 s per update
+    assert updates_that_fit(1000, 0.5, 12, 1.0, 6, 10.0) == 1856
+    assert updates_that_fit(1000, 0.5) == 2000
+    assert updates_that_fit(50, 0.5, 6, 10.0) == 0  # nothing left after the validations
+    assert updates_that_fit(1560, 0.77) == 2025
+    with pytest.raises(ValueError, match="seconds_per_update=0"):
+        updates_that_fit(1000, 0)
+
+
+def test_the_schedule_follows_from_the_number_of_updates():
+    # The AMX run: 5,400 updates, warmup 18.5%, 12 checkpoints, 6 validations at every other checkpoint.
+    assert schedule_for(5400, 0.185, 12, 6, save_steps=1000, eval_steps=None) == (999, 450, 900)
+    # A 1,700-update run of the same recipe: the same fractions.
+    assert schedule_for(1700, 0.185, 12, 6, save_steps=1000, eval_steps=None) == (314, 142, 284)
+    # Fixed values where the recipe gives no fractions.
+    assert schedule_for(1700, 4000, None, None, save_steps=450, eval_steps=900) == (4000, 450, 900)
+    # Warmup in updates (post-LN needs its ~1,000 updates of ramp), never more than a third of a short run.
+    assert schedule_for(3146, 1000, 12, 6, 1000, None, max_warmup_fraction=0.35) == (1000, 263, 526)
+    assert schedule_for(1664, 1000, 12, 6, 1000, None, max_warmup_fraction=0.35) == (582, 139, 278)
+    assert warmup_for(10, 0.01) == 1 and spacing_for(5, 12) == 1 and spacing_for(100, 3) == 34
+    with pytest.raises(ValueError, match="max_warmup_fraction=0"):
+        warmup_for(100, 10, max_fraction=0)
+    with pytest.raises(ValueError, match="warmup_steps=0"):
+        warmup_for(100, 0)
+    with pytest.raises(ValueError, match="0 events per run"):
+        spacing_for(100, 0)
+
+
+def test_batch_size_choices_are_read_largest_first():
+    from hf_vanilla_transformer.training import ModelDataArguments, token_choices
+
+    assert token_choices(ModelDataArguments(max_tokens=4096)) == [4096]
+    assert token_choices(ModelDataArguments(max_tokens_choices="1024, 2048,1024")) == [2048, 1024]
+    for bad in ("2048,x", "0,1024", ""):
+        with pytest.raises(ValueError, match="max_tokens_choices="):
+            token_choices(ModelDataArguments(max_tokens_choices=bad or ","))
+
+
+def test_test_decoding_is_predicted_from_the_training_speed():
+    # 1,152 sentences, beam 4, 0.86 s per 2,048-token update: 1152 * 160 * 0.86 / 2048
+    assert decode_seconds(1152, 4, 0.86, 2048) == pytest.approx(77.4, abs=0.1)
+    assert decode_seconds(200, 1, 1.0, 1000) == pytest.approx(18.0)
+    assert decode_seconds(100, 8, 1.0, 1000) == pytest.approx(32.0)
+
+
+def test_calibration_batches_span_the_batch_sizes():
+    batches = [[0] * n for n in (5, 1, 9, 3, 7, 2, 8, 4, 6)]
+    chosen = calibration_batches(batches, 3)
+    assert [len(b) for b in chosen] == [1, 5, 9]
+    assert calibration_batches(batches[:2], 5) == batches[:2]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Which checkpoints to average
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def folders(*steps: int) -> list[Path]:
+    return [Path(f"run/checkpoint-{step}") for step in steps]
+
+
+def test_averaging_takes_only_the_end_of_the_run():
+    # The issue's short run: saved every 450 updates, stopped at 1,700; 450 and 900 are far from trained.
+    assert [f.name for f in choose_checkpoints(folders(450, 900, 1350, 1700), last=5)] == [
+        "checkpoint-1350",
+        "checkpoint-1700",
+    ]
+    # The full AMX run: the last five, 3,600 to 5,400, as before.
+    every = folders(*range(450, 5401, 450))
+    assert [f.name for f in choose_checkpoints(every, last=5)] == [f"checkpoint-{s}" for s in range(3600, 5401, 450)]
+    assert choose_checkpoints(every, last=1) == every[-1:]
+    assert len(choose_checkpoints(every, last=5, window=None)) == 5
+    assert len(choose_checkpoints(every, last=20, window=1.0)) == 12
+    with pytest.raises(ValueError, match="average_window=1.5"):
+        choose_checkpoints(every, window=1.5)
+    with pytest.raises(ValueError, match="last=0"):
+        choose_checkpoints(every, last=0)
+
+
+def test_averaging_leaves_out_a_checkpoint_clearly_worse_on_validation():
+    history = [
+        {"step": 3600, "eval_loss": 3.20},  # more than 2% above the last: left out
+        {"step": 4500, "eval_loss": 3.05},  # within 2%: kept
+        {"step": 5400, "eval_loss": 3.00},
+        {"step": 5400, "loss": 2.5},
+    ]
+    assert validation_losses(history) == {3600: 3.2, 4500: 3.05, 5400: 3.0}
+    chosen = choose_checkpoints(folders(*range(450, 5401, 450)), last=5, eval_losses=validation_losses(history))
+    assert [f.name for f in chosen] == [f"checkpoint-{s}" for s in (4050, 4500, 4950, 5400)]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Measuring and keeping the plan
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_measuring_updates_leaves_the_model_and_the_random_state_alone():
+    model = tiny_model(seed=0).train()
+    model.set_attn_implementation("eager")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = {"input_ids": random_ids(4, 7), "labels": random_ids(4, 5, seed=1)}
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    measured = measure_updates(model, [batch] * 4, [("fp32", "eager"), ("fp32", "sdpa")], warmup=1)
+    assert torch.equal(torch.rand(3), expected)
+    assert set(measured) == {"fp32/eager", "fp32/sdpa"} and all(t > 0 for t in measured.values())
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    assert model.config._attn_implementation == "eager"  # the copies were switched to sdpa, not the model
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_deadline_stops_training_and_saves():
+    callback = TimeBudgetCallback({"max_steps": 100}, deadline_seconds=1e-9)
+    state, control = TrainerState(max_steps=100, global_step=40), TrainerControl()
+    time.sleep(0.01)
+    callback.on_step_end(None, state, control)
+    assert control.should_training_stop and control.should_save and callback.stopped_early_at == 40
+    patient = TimeBudgetCallback({"max_steps": 100}, deadline_seconds=3600)
+    control = TrainerControl()
+    patient.on_step_end(None, state, control)
+    assert not control.should_training_stop and patient.stopped_early_at is None
+    assert patient.state() == {"args": {"plan": {"max_steps": 100}}, "attributes": {}}
+
+
+def test_a_recorded_plan_comes_back_from_a_checkpoint_first(tmp_path):
+    plan = BudgetPlan(
+        max_steps=77,
+        warmup_steps=14,
+        save_steps=7,
+        eval_steps=14,
+        precision="fp32",
+        attn_implementation="sdpa",
+        max_minutes=1.0,
+        reasons=["a"],
+    )
+    checkpoint = tmp_path / "checkpoint-7"
+    checkpoint.mkdir()
+    state = {"stateful_callbacks": {"TimeBudgetCallback": {"args": {"plan": plan.to_dict()}, "attributes": {}}}}
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    (tmp_path / "budget.json").write_text(json.dumps({**plan.to_dict(), "max_steps": 99}))
+    assert recorded_plan(tmp_path, checkpoint) == plan
+    assert recorded_plan(tmp_path, None).max_steps == 99
+    assert recorded_plan(tmp_path / "elsewhere", None) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Recipes as files
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_the_cpu_recipe_file_reads_as_flags_that_the_command_line_overrides(tmp_path):
+    recipe, args = parse_arguments(["--output_dir", str(tmp_path)], default_recipe="cpu")
+    check_schedule_arguments(args)
+    assert (recipe.preset, recipe.vocab_size, recipe.max_tokens, recipe.dropout) == ("small", 8000, 2048, 0.0)
+    assert (recipe.max_minutes, recipe.precision, recipe.attn_implementation) == (26, "auto", "auto")
+    assert (recipe.checkpoints_per_run, recipe.evaluations_per_run, recipe.average_last) == (12, 6, 5)
+    assert (args.warmup_steps, recipe.max_warmup_fraction, recipe.peak_learning_rate) == (1000, 0.35, 0.0019764)
+    assert (recipe.max_tokens_choices, recipe.min_updates) == ("2048,1024", 3000)
+    assert args.max_steps == -1 and args.use_cpu and recipe.recipe == "cpu"
+    recipe, args = parse_arguments(
+        ["--recipe", "cpu", "--output_dir", str(tmp_path), "--max_minutes", "5", "--bf16", "false", "--seed", "2"]
+    )
+    assert recipe.max_minutes == 5 and recipe.precision == "fp32" and args.seed == 2 and not args.bf16
+    _, args = parse_arguments(["--recipe", "cpu", "--output_dir", str(tmp_path), "--bf16", "true"])
+    assert args.bf16
+
+
+def test_the_papers_recipes_are_files_too(tmp_path):
+    base, base_args = parse_arguments(["--recipe", "base", "--output_dir", str(tmp_path)])
+    assert (base.preset, base.vocab_size, base.tokens_per_update, base.average_last) == ("base", 37000, 25000, 5)
+    assert (base_args.warmup_steps, base_args.max_steps, base.save_minutes) == (4000, 100000, 10)
+    big, big_args = parse_arguments(["--recipe", "big", "--output_dir", str(tmp_path)])
+    assert (big.preset, big.average_last, big_args.max_steps) == ("big", 20, 300000)
+
+
+def test_a_bad_recipe_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"recipe 'fast' not found.*\['base', 'big', 'cpu'\]"):
+        read_recipe("fast")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("preset: small\nlerning_rate: 3\n")
+    with pytest.raises(ValueError, match=r"mine.yaml: \['lerning_rate'\] are not flags"):
+        read_recipe(mine)
+    mine.write_text("- preset\n")
+    with pytest.raises(ValueError, match="holds a list; expected a mapping"):
+        read_recipe(mine)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Budgeted runs of the train script
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def budgeted_command(output: Path, minutes: float, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        str(ROOT / "scripts" / "train.py"),
+        *("--recipe", "cpu", "--preset", "tiny", "--max_minutes", str(minutes), "--output_dir", str(output)),
+        *("--data_files", TRAIN_200, "--validation_files", TEST_40, "--test_files", TEST_40),
+        *("--max_eval_samples", "10", "--disable_tqdm", "true"),
+        *extra,
+    ]
+
+
+def environment() -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_VANILLA_TRANSFORMER_ALLOCATOR": "system"}
+
+
+@pytest.mark.slow
+def test_a_one_minute_budget_stops_on_its_own_and_leaves_a_complete_folder(tmp_path):
+    output = tmp_path / "run"
+    result = subprocess.run(budgeted_command(output, 1), capture_output=True, text=True, timeout=300, env=environment())
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("model.safetensors", "tokenizer.json", "results.json", "budget.json", "README.md"):
+        assert (output / name).exists(), name
+    results = json.loads((output / "results.json").read_text())
+    plan = results["plan"]
+    assert plan["max_minutes"] == 1 and plan["precision"] in ("fp32", "bf16") and plan["seconds_per_update"] > 0
+    assert results["training"]["steps"] == plan["max_steps"] or plan["stopped_early_at"] is not None
+    assert plan["warmup_steps"] == max(1, min(1000, round(0.35 * plan["max_steps"])))
+    assert plan["max_tokens"] in (2048, 1024) and results["recipe"]["max_tokens"] == plan["max_tokens"]
+    assert "Plan: " in result.stdout and "updates fit" in result.stdout
+    # Averaged: only checkpoints from the last third of the run.
+    steps = [int(name.split("-")[1]) for name in results["averaged_checkpoints"]]
+    assert steps[-1] == results["training"]["steps"] and min(steps) >= 2 * steps[-1] // 3
+
+
+@pytest.mark.slow
+def test_a_killed_budgeted_run_resumes_with_the_number_of_updates_it_fixed(tmp_path):
+    """Killed after its first checkpoint, restarted with another budget: the plan of the first start stands."""
+    output = tmp_path / "run"
+    uncapped = ("--max_epochs", "1000")  # the planned length comes from the measured update time, not the epochs
+    process = subprocess.Popen(
+        budgeted_command(output, 1, *uncapped),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=environment(),
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not list(output.glob("checkpoint-*/.complete")) and process.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint within 240 s"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait(timeout=60)
+    planned = json.loads((output / "budget.json").read_text())
+    if (output / "results.json").exists():
+        pytest.skip("the run finished before it could be killed (a very fast machine)")
+    resumed = subprocess.run(
+        budgeted_command(output, 3, *uncapped), capture_output=True, text=True, timeout=300, env=environment()
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "keeping the plan of the run being resumed" in resumed.stderr
+    results = json.loads((output / "results.json").read_text())
+    assert results["training"]["steps"] == planned["max_steps"] == results["plan"]["max_steps"]
+    assert results["plan"]["max_minutes"] == 1  # the budget of the run that fixed it
+
+
+def test_the_train_script_ends_a_bad_recipe_or_data_file_with_one_line(tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("only one column\n", encoding="utf-8")
+    for args, expected in (
+        (["--recipe", "fast"], "train.py: recipe 'fast' not found"),
+        (["--recipe", "cpu", "--max_minutes", "0"], "train.py: max_minutes=0 is invalid"),
+        (["--recipe", "cpu", "--data_files", str(bad)], f"train.py: {bad}"),
+    ):
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "train.py"), *args, "--output_dir", str(tmp_path / "run")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=environment(),
+        )
+        assert result.returncode == 1, result.stderr[-2000:]
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith(expected) and "Traceback" not in result.stderr, result.stderr[-2000:]
