@@ -597,7 +597,7 @@ def prepare_run(
 def check_recipe_arguments(recipe: ModelDataArguments) -> None:
     """Raise a ValueError naming the value for recipe fields out of range."""
     if recipe.max_minutes is not None and recipe.max_minutes <= 0:
-        raise ValueError(f"max_minutes={recipe.max_minutes} is invalid; expected a positive number of minutes.")
+        raise ValueError(f"max_minutes={recipe.max_minutes:g} is invalid; expected a positive number of minutes.")
     if recipe.peak_learning_rate is not None and recipe.peak_learning_rate <= 0:
         raise ValueError(f"peak_learning_rate={recipe.peak_learning_rate} is invalid; expected a positive rate.")
     for name in ("checkpoints_per_run", "evaluations_per_run"):
