@@ -28,7 +28,7 @@ main: setup
 	$(PY) scripts/main.py
 
 test: setup lint
-	$(PY) -m pytest -m "not slow and not gpu"
+	$(PY) -m pytest -m "not slow and not gpu" --durations=15
 
 test-all: setup lint
 	$(PY) -m pytest
