@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import run_script
 
 
+@pytest.mark.slow
 def test_benchmark_reports_every_case_and_ratio(tmp_path):
     output = tmp_path / "benchmark.json"
     result = run_script(

@@ -305,6 +305,7 @@ def test_a_killed_budgeted_run_resumes_with_the_number_of_updates_it_fixed(tmp_p
     assert results["plan"]["max_minutes"] == 1  # the budget of the run that fixed it
 
 
+@pytest.mark.slow
 def test_the_train_script_ends_a_bad_recipe_or_data_file_with_one_line(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("only one column\n", encoding="utf-8")

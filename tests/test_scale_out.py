@@ -126,6 +126,7 @@ def straight(tmp_path_factory) -> Path:
     return output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where, step", [("step", 15), ("checkpoint_write", 20), ("before_marker", 20)])
 def test_a_killed_run_resumes_to_the_same_weights(straight, tmp_path, where, step):
     description = spec(tmp_path)
@@ -302,6 +303,7 @@ def test_mixed_precision_training_on_gpu_learns(tmp_path, precision):
     assert_learns_in(precision, tmp_path, use_cpu=False)
 
 
+@pytest.mark.slow
 def test_the_train_script_under_two_processes_leaves_one_complete_model_folder(tmp_path):
     """Both processes train; the main one alone averages, evaluates and writes the folder (no race on its files,
     no process waiting for checkpoints it cannot see), and both exit cleanly."""

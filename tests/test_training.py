@@ -116,6 +116,7 @@ def _args(tmp_path, **overrides) -> TransformerTrainingArguments:
     return TransformerTrainingArguments(**{**values, **overrides})
 
 
+@pytest.mark.slow
 def test_a_short_run_on_a_small_slice_conditions_on_the_source(tmp_path):
     """300 updates on 200 real pairs: the model must read its source. The failure this guards against is a model
     that outputs one fluent sentence for every input (a decoder-only language model of the targets)."""
