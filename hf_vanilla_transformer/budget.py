@@ -33,6 +33,8 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from .batching import accumulation_steps
+
 
 logger = logging.getLogger(__name__)
 
@@ -234,6 +236,252 @@ def measure_checkpoint_seconds(model: torch.nn.Module) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Planning a run
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def updates_per_epoch(sampler, accumulation: int, world_size: int) -> int:
+    return max(1, math.ceil(len(sampler) / (accumulation * max(1, world_size))))
+
+
+def token_choices(recipe) -> list[int]:
+    """The batch sizes (max_tokens) the planner may choose from, largest first."""
+    if not recipe.max_tokens_choices:
+        return [recipe.max_tokens]
+    try:
+        choices = sorted({int(value) for value in recipe.max_tokens_choices.split(",")}, reverse=True)
+    except ValueError:
+        choices = []
+    if not choices or min(choices) < 1:
+        raise ValueError(
+            f"max_tokens_choices={recipe.max_tokens_choices!r} is invalid; expected positive token counts such as "
+            "'2048,1024'."
+        )
+    return choices
+
+
+def _candidates(recipe, args) -> tuple[list[str], list[str | None]]:
+    """The precisions and attention implementations to measure (one each where the recipe fixed them)."""
+    if recipe.precision == "auto":
+        on_cpu = args.use_cpu or not torch.cuda.is_available()
+        precisions = ["fp32", "bf16"] if (cpu_has_fast_bf16() or not on_cpu) else ["fp32"]
+    else:
+        precisions = [recipe.precision or ("bf16" if args.bf16 else "fp32")]
+    attentions = ["eager", "sdpa"] if recipe.attn_implementation == "auto" else [recipe.attn_implementation]
+    return precisions, attentions
+
+
+def accumulation_for(recipe, args, max_tokens: int) -> int:
+    """Batches per update: the given gradient accumulation, or more where `tokens_per_update` asks for it."""
+    return max(
+        args.gradient_accumulation_steps, accumulation_steps(recipe.tokens_per_update, max_tokens, args.world_size)
+    )
+
+
+def new_plan(recipe, args, model, train, batches_of, collator, evaluation, test_pairs, started, budgeted) -> BudgetPlan:
+    """A new plan for the run described by `recipe` and `args` (the two argument dataclasses of training.py):
+    measured where the budget or an `auto` choice asks for it, then its length and schedule. `batches_of(max_tokens)`
+    gives the training batch sampler of a batch size."""
+    sizes = token_choices(recipe) if budgeted else [recipe.max_tokens]
+    # 1. Precision, attention and the time of a batch at each allowed size (measured, or as given).
+    precision, attention, per_size, measured, reasons = _measure_choices(
+        recipe, args, model, train, batches_of, collator, sizes, measure_all=budgeted
+    )
+    # 2. The number of updates (and the batch size): what fits the budget, or as given.
+    training_seconds = decode = None
+    if budgeted:
+        max_tokens, max_steps, seconds_per_update, training_seconds, decode, reason = _fit_budget(
+            recipe, args, model, batches_of, evaluation, test_pairs, sizes, per_size, started
+        )
+        reasons.append(reason)
+    else:
+        max_tokens = sizes[0]
+        seconds_per_update = per_size.get(max_tokens)
+        per_epoch = updates_per_epoch(
+            batches_of(max_tokens), accumulation_for(recipe, args, max_tokens), args.world_size
+        )
+        max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
+        reasons.append(f"{max_steps:,} updates as given")
+    if max_steps < 1:
+        raise ValueError(
+            f"max_minutes={recipe.max_minutes} leaves no time to train on this machine (set-up took "
+            f"{(time.time() - started) / 60:.1f} min, an update {seconds_per_update:.2f} s); give more minutes."
+        )
+    # 3. The schedule follows from the length.
+    warmup, save, evaluate = schedule_for(
+        max_steps,
+        args.warmup_steps,
+        recipe.checkpoints_per_run,
+        recipe.evaluations_per_run,
+        args.save_steps,
+        args.eval_steps,
+        max_warmup_fraction=recipe.max_warmup_fraction,
+    )
+    cadence = f"warmup {warmup:,} updates, a checkpoint every {save:,}"
+    if args.eval_strategy == "steps" and evaluate:
+        cadence += f", validation every {evaluate:,}"
+    reasons.append(cadence)
+    return BudgetPlan(
+        max_steps=max_steps,
+        warmup_steps=warmup,
+        save_steps=save,
+        eval_steps=evaluate,
+        precision=precision,
+        attn_implementation=attention,
+        max_tokens=max_tokens,
+        max_minutes=recipe.max_minutes if budgeted else None,
+        seconds_per_update=seconds_per_update,
+        planned_training_seconds=training_seconds,
+        predicted_decode_seconds=decode,
+        measured=measured,
+        reasons=reasons,
+    )
+
+
+def _measure_choices(recipe, args, model, train, batches_of, collator, sizes, measure_all):
+    """(precision, attention, {max_tokens: seconds per batch}, measurements, reasons). Every precision and
+    attention the recipe leaves open is measured on real batches of the largest size (on copies of the model), then
+    the fastest at the other sizes; nothing is measured where nothing is open and no budget asks for a time."""
+    precisions, attentions = _candidates(recipe, args)
+    if not measure_all and len(precisions) * len(attentions) == 1:
+        return precisions[0], attentions[0], {}, {}, []
+    device = torch.device("cuda") if torch.cuda.is_available() and not args.use_cpu else torch.device("cpu")
+
+    def measure(max_tokens: int, candidates: list[tuple[str, str | None]]) -> dict[str, float]:
+        chosen = calibration_batches(list(iter(batches_of(max_tokens))), count=12)
+        batches = [collator([{k: train[i][k] for k in ("input_ids", "labels")} for i in batch]) for batch in chosen]
+        batches = [{k: v.to(device) for k, v in batch.items()} for batch in batches]
+        return measure_updates(model.to(device), batches, candidates)
+
+    candidates = [(p, a) for p in precisions for a in attentions]
+    first = measure(sizes[0], candidates)
+    (precision, attention), fastest = min(
+        ((c, first[f"{c[0]}/{c[1] or 'default'}"]) for c in candidates), key=lambda item: item[1]
+    )
+    reasons = _choice_reasons(recipe, precisions, attentions, first, precision, attention)
+    key = f"{precision}/{attention or 'default'}"
+    per_size = {sizes[0]: fastest}
+    for size in sizes[1:]:
+        per_size[size] = measure(size, [(precision, attention)])[key]
+    measured = {f"{name}@{sizes[0]}": value for name, value in first.items()}
+    measured.update({f"{key}@{size}": per_size[size] for size in sizes[1:]})
+    return precision, attention, per_size, measured, reasons
+
+
+def _fit_budget(recipe, args, model, batches_of, evaluation, test_pairs, sizes, per_size, started):
+    """(max_tokens, updates, seconds per update, planned training seconds, predicted decoding seconds, reason): the
+    largest batch size that still gives `min_updates` updates in the budget, else the smallest."""
+    checkpoint_seconds = measure_checkpoint_seconds(model) if recipe.checkpoints_per_run else 0.0
+    for max_tokens in sizes:
+        accumulation = accumulation_for(recipe, args, max_tokens)
+        seconds_per_update = per_size[max_tokens] * accumulation
+        per_epoch = updates_per_epoch(batches_of(max_tokens), accumulation, args.world_size)
+        max_steps, training_seconds, decode, reason = _updates_for_budget(
+            recipe,
+            args,
+            evaluation,
+            test_pairs,
+            per_epoch,
+            seconds_per_update,
+            max_tokens * accumulation,
+            checkpoint_seconds,
+            started,
+        )
+        enough = recipe.min_updates is None or max_steps >= recipe.min_updates
+        if enough:
+            break
+    if len(sizes) > 1:
+        listed = ", ".join(map(str, sizes))
+        reason += f"; batches of {max_tokens:,} tokens per side (of {listed}: " + (
+            f"the largest that gives {recipe.min_updates:,} updates)"
+            if enough
+            else f"none gives {recipe.min_updates or 0:,} updates here)"
+        )
+    return max_tokens, max_steps, seconds_per_update, training_seconds, decode, reason
+
+
+def _choice_reasons(recipe, precisions, attentions, measured, precision, attention) -> list[str]:
+    def seconds(p, a):
+        return measured[f"{p}/{a or 'default'}"]
+
+    reasons = []
+    if recipe.precision == "auto" and len(precisions) == 1:
+        reasons.append("fp32: no bf16 matrix units in this CPU (AMX or AVX512-BF16)")
+    elif len(precisions) > 1:
+        other = next(p for p in precisions if p != precision)
+        reasons.append(
+            f"{precision}: {seconds(precision, attention):.2f} s per update against "
+            f"{seconds(other, attention):.2f} s in {other}"
+        )
+    else:
+        reasons.append(f"{precision} as given")
+    if len(attentions) > 1:
+        other = next(a for a in attentions if a != attention)
+        reasons.append(
+            f"{attention} attention: {seconds(precision, attention):.2f} s per update against "
+            f"{seconds(precision, other):.2f} s with {other}"
+        )
+    return reasons
+
+
+def _updates_for_budget(
+    recipe, args, evaluation, test_pairs, per_epoch, seconds_per_update, tokens, checkpoint_seconds, started
+):
+    """(updates, planned training seconds, predicted test decoding seconds, the reason in words), for updates of
+    `tokens` padded tokens per side and process."""
+    update = seconds_per_update * TRAINER_OVERHEAD
+    decode = decode_seconds(test_pairs, recipe.test_beams, update, tokens)
+    checkpoints = recipe.checkpoints_per_run or 0
+    validates = args.eval_strategy == "steps" and evaluation is not None
+    validations = (recipe.evaluations_per_run or 0) if validates else 0
+    # A validation pass: greedy decoding of its pairs, and their loss (batches of 64 pairs, ~1/10 of an update each).
+    validation_seconds = (
+        decode_seconds(len(evaluation), args.generation_num_beams or 1, update, tokens) + len(evaluation) / 640 * update
+        if validations
+        else 0.0
+    )
+    spent = time.time() - started
+    budget = recipe.max_minutes * 60
+    left = (budget - spent - decode - FINISHING_SECONDS) * SAFETY
+    fit = updates_that_fit(left, update, checkpoints, checkpoint_seconds, validations, validation_seconds)
+    reason = (
+        f"{fit:,} updates fit {left / 60:.1f} training minutes of the {recipe.max_minutes:g}-minute budget "
+        f"({update:.2f} s each; set-up so far {spent / 60:.1f} min, test decoding {decode / 60:.1f} min predicted)"
+    )
+    if recipe.max_epochs is not None and fit > recipe.max_epochs * per_epoch:
+        fit = max(1, math.floor(recipe.max_epochs * per_epoch))
+        reason += f"; capped at {fit:,} = {recipe.max_epochs:g} epochs of this corpus"
+    training = fit * update + checkpoints * checkpoint_seconds + validations * validation_seconds
+    return fit, training, decode, reason
+
+
+def apply_plan(plan: BudgetPlan, recipe, args, model) -> None:
+    """Set the run's length, schedule, precision and attention from `plan`, and the §5.3 learning rate."""
+    nominal_warmup = args.warmup_steps
+    args.max_steps = plan.max_steps
+    if plan.max_tokens:
+        recipe.max_tokens = plan.max_tokens
+    args.warmup_steps = plan.warmup_steps
+    args.save_steps = plan.save_steps
+    if plan.eval_steps:
+        args.eval_steps = plan.eval_steps
+    args.bf16 = plan.precision == "bf16"
+    args.mixed_precision = "bf16" if args.bf16 else ("fp16" if args.fp16 else "no")
+    if plan.attn_implementation:
+        model.set_attn_implementation(plan.attn_implementation)
+    # The §5.3 schedule: peak lr_scale * d_model^-0.5 * warmup^-0.5 at the end of warmup. A recipe that names its
+    # peak gets the lr_scale that reaches it; where a short run cut the warmup (max_warmup_fraction), the rate climbs
+    # the same ramp and peaks lower: a post-LN model needs the ramp (warmup 308 to the full peak stalled at loss 4.7
+    # on the CPU recipe, docs/cpu_recipe.md).
+    if recipe.peak_learning_rate is not None:
+        peak = recipe.peak_learning_rate
+        if nominal_warmup >= 1 and plan.warmup_steps < nominal_warmup:
+            peak *= plan.warmup_steps / nominal_warmup
+        recipe.lr_scale = peak * (model.config.d_model * plan.warmup_steps) ** 0.5
+    args.learning_rate = recipe.lr_scale * model.config.d_model**-0.5
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Recording and keeping the plan
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -245,7 +493,7 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
 
     def __init__(self, plan: dict, deadline_seconds: float | None = None):
         self.plan = plan
-        self.deadline = time.monotonic() + deadline_seconds if deadline_seconds else None
+        self.deadline = time.monotonic() + deadline_seconds if deadline_seconds is not None else None
         self.stopped_early_at: int | None = None
 
     def state(self) -> dict:

@@ -6,6 +6,7 @@ import logging
 import shlex
 import sys
 import time
+from pathlib import Path
 
 from .data import CorpusError
 from .recipes import parse_arguments
@@ -19,7 +20,7 @@ def train_from_command_line(
     the model went. Returns the results (None in the processes other than the main one). A bad recipe, flag,
     corpus or checkpoint ends the program with one line naming it."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    script = "main.py" if default_recipe else "train.py"
+    script = Path(sys.argv[0]).name if argv is None else "train.py"
     try:
         recipe, args = parse_arguments(argv, default_recipe=default_recipe, defaults=defaults)
     except ValueError as error:

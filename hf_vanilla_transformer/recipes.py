@@ -9,6 +9,7 @@ A recipe holds values of `ModelDataArguments` and `TransformerTrainingArguments`
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import yaml
@@ -67,7 +68,7 @@ def parse_arguments(
     parser = HfArgumentParser((ModelDataArguments, TransformerTrainingArguments))
     parser.set_defaults(**values)
     recipe, args = parser.parse_args_into_dataclasses(args=argv)
-    given = argv if argv is not None else __import__("sys").argv[1:]
+    given = argv if argv is not None else sys.argv[1:]
     if any(token == "--bf16" or token.startswith("--bf16=") for token in given):
         recipe.precision = "bf16" if args.bf16 else "fp32"
     check_recipe_arguments(recipe)

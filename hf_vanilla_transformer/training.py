@@ -41,23 +41,18 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from .averaging import AVERAGE_WINDOW, COMPLETE, average_last_checkpoints, checkpoint_folders
-from .batching import TokenBudgetBatchSampler, accumulation_steps
+from .averaging import AVERAGE_WINDOW, COMPLETE, average_last_checkpoints, checkpoint_folders, checkpoint_step
+from .batching import TokenBudgetBatchSampler
 from .budget import (
     BUDGET_FILE,
     FINISHING_SECONDS,
-    SAFETY,
-    TRAINER_OVERHEAD,
     BudgetPlan,
     TimeBudgetCallback,
-    calibration_batches,
-    cpu_has_fast_bf16,
-    decode_seconds,
-    measure_checkpoint_seconds,
-    measure_updates,
+    accumulation_for,
+    apply_plan,
+    cpu_has_fast_bf16,  # noqa: F401 (its import path before budget.py)
+    new_plan,
     recorded_plan,
-    schedule_for,
-    updates_that_fit,
 )
 from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from .data import CorpusError, load_corpus
@@ -551,7 +546,6 @@ def prepare_run(
     def batches_of(max_tokens: int) -> TokenBudgetBatchSampler:
         return TokenBudgetBatchSampler(source_lengths, target_lengths, max_tokens=max_tokens, seed=args.seed)
 
-    given_accumulation = args.gradient_accumulation_steps
     collator = DataCollatorForSeq2Seq(tokenizer, model=model)
     evaluation = encoded.get("validation")
     if evaluation is not None and recipe.max_eval_samples is not None:
@@ -560,9 +554,7 @@ def prepare_run(
     plan = plan_run(recipe, args, model, train, batches_of, collator, evaluation, test_pairs, resume, started)
     apply_plan(plan, recipe, args, model)
     sampler = batches_of(recipe.max_tokens)
-    args.gradient_accumulation_steps = max(
-        given_accumulation, accumulation_steps(recipe.tokens_per_update, recipe.max_tokens, args.world_size)
-    )
+    args.gradient_accumulation_steps = accumulation_for(recipe, args, recipe.max_tokens)
 
     callbacks = [SaveEveryCallback(recipe.save_minutes)] if recipe.save_minutes else []
     deadline = None
@@ -619,26 +611,6 @@ def check_recipe_arguments(recipe: ModelDataArguments) -> None:
         )
 
 
-def updates_per_epoch(sampler: TokenBudgetBatchSampler, accumulation: int, world_size: int) -> int:
-    return max(1, math.ceil(len(sampler) / (accumulation * max(1, world_size))))
-
-
-def token_choices(recipe: ModelDataArguments) -> list[int]:
-    """The batch sizes (max_tokens) the planner may choose from, largest first."""
-    if not recipe.max_tokens_choices:
-        return [recipe.max_tokens]
-    try:
-        choices = sorted({int(value) for value in recipe.max_tokens_choices.split(",")}, reverse=True)
-    except ValueError:
-        choices = []
-    if not choices or min(choices) < 1:
-        raise ValueError(
-            f"max_tokens_choices={recipe.max_tokens_choices!r} is invalid; expected positive token counts such as "
-            "'2048,1024'."
-        )
-    return choices
-
-
 def plan_run(
     recipe: ModelDataArguments,
     args: TransformerTrainingArguments,
@@ -660,205 +632,11 @@ def plan_run(
         if kept is not None:
             logger.info("keeping the plan of the run being resumed: %s", kept.summary())
             return kept
-    plan = _new_plan(recipe, args, model, train, batches_of, collator, evaluation, test_pairs, started, budgeted)
+    plan = new_plan(recipe, args, model, train, batches_of, collator, evaluation, test_pairs, started, budgeted)
     plan = broadcast_object_list([plan])[0]
     if args.should_save:
         save_json(Path(args.output_dir) / BUDGET_FILE, plan.to_dict())
     return plan
-
-
-def _candidates(recipe: ModelDataArguments, args: TransformerTrainingArguments) -> tuple[list[str], list[str | None]]:
-    """The precisions and attention implementations to measure (one each where the recipe fixed them)."""
-    if recipe.precision == "auto":
-        on_cpu = args.use_cpu or not torch.cuda.is_available()
-        precisions = ["fp32", "bf16"] if (cpu_has_fast_bf16() or not on_cpu) else ["fp32"]
-    else:
-        precisions = [recipe.precision or ("bf16" if args.bf16 else "fp32")]
-    attentions = ["eager", "sdpa"] if recipe.attn_implementation == "auto" else [recipe.attn_implementation]
-    return precisions, attentions
-
-
-def _new_plan(recipe, args, model, train, batches_of, collator, evaluation, test_pairs, started, budgeted) -> BudgetPlan:
-    precisions, attentions = _candidates(recipe, args)
-    sizes = token_choices(recipe) if budgeted else [recipe.max_tokens]
-    reasons, measured = [], {}
-    precision, attention = precisions[0], attentions[0]
-    per_size: dict[int, float] = {}  # max_tokens -> seconds per batch of the chosen precision and attention
-
-    def measure(max_tokens: int, candidates: list[tuple[str, str | None]]) -> dict[str, float]:
-        chosen = calibration_batches(list(iter(batches_of(max_tokens))), count=12)
-        batches = [collator([{k: train[i][k] for k in ("input_ids", "labels")} for i in batch]) for batch in chosen]
-        device = torch.device("cuda") if torch.cuda.is_available() and not args.use_cpu else torch.device("cpu")
-        batches = [{k: v.to(device) for k, v in batch.items()} for batch in batches]
-        return measure_updates(model.to(device), batches, candidates)
-
-    if budgeted or len(precisions) * len(attentions) > 1:
-        # 1. Measure an update for each precision and attention on real batches of this corpus (on copies of the
-        #    model), at the largest batch size; then the fastest at the other sizes the recipe allows.
-        candidates = [(p, a) for p in precisions for a in attentions]
-        measured = measure(sizes[0], candidates)
-        (precision, attention), per_size[sizes[0]] = min(
-            ((c, measured[f"{c[0]}/{c[1] or 'default'}"]) for c in candidates), key=lambda item: item[1]
-        )
-        reasons += _choice_reasons(recipe, precisions, attentions, measured, precision, attention)
-        measured = {f"{key}@{sizes[0]}": value for key, value in measured.items()}
-        for size in sizes[1:]:
-            key = f"{precision}/{attention or 'default'}"
-            per_size[size] = measure(size, [(precision, attention)])[key]
-            measured[f"{key}@{size}"] = per_size[size]
-    # 2. The number of updates (and the batch size): given, or what fits the budget.
-    max_tokens, seconds_per_update = sizes[0], None
-    if budgeted:
-        for max_tokens in sizes:
-            accumulation = max(
-                args.gradient_accumulation_steps,
-                accumulation_steps(recipe.tokens_per_update, max_tokens, args.world_size),
-            )
-            seconds_per_update = per_size[max_tokens] * accumulation
-            per_epoch = updates_per_epoch(batches_of(max_tokens), accumulation, args.world_size)
-            max_steps, training_seconds, decode, reason = _updates_for_budget(
-                recipe, args, model, evaluation, test_pairs, per_epoch, seconds_per_update, max_tokens * accumulation,
-                started,
-            )
-            if recipe.min_updates is None or max_steps >= recipe.min_updates:
-                break
-        if len(sizes) > 1:
-            reason = f"{reason}; batches of {max_tokens:,} tokens per side" + (
-                f" (of {', '.join(map(str, sizes))}: the largest that gives {recipe.min_updates:,} updates)"
-                if recipe.min_updates is not None and max_steps >= recipe.min_updates
-                else f" (of {', '.join(map(str, sizes))}: none gives {recipe.min_updates or 0:,} updates here)"
-            )
-        reasons.append(reason)
-    else:
-        if per_size:
-            seconds_per_update = per_size[max_tokens]
-        accumulation = max(
-            args.gradient_accumulation_steps, accumulation_steps(recipe.tokens_per_update, max_tokens, args.world_size)
-        )
-        per_epoch = updates_per_epoch(batches_of(max_tokens), accumulation, args.world_size)
-        max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
-        training_seconds = decode = None
-        reasons.append(f"{max_steps:,} updates as given")
-    if max_steps < 1:
-        raise ValueError(
-            f"max_minutes={recipe.max_minutes} leaves no time to train on this machine (set-up took "
-            f"{(time.time() - started) / 60:.1f} min, an update {seconds_per_update:.2f} s); give more minutes."
-        )
-    # 3. The schedule follows from the length.
-    warmup, save, evaluate = schedule_for(
-        max_steps,
-        args.warmup_steps,
-        recipe.checkpoints_per_run,
-        recipe.evaluations_per_run,
-        args.save_steps,
-        args.eval_steps,
-        max_warmup_fraction=recipe.max_warmup_fraction,
-    )
-    cadence = f"warmup {warmup:,} updates, a checkpoint every {save:,}"
-    if args.eval_strategy == "steps" and evaluate:
-        cadence += f", validation every {evaluate:,}"
-    reasons.append(cadence)
-    return BudgetPlan(
-        max_steps=max_steps,
-        warmup_steps=warmup,
-        save_steps=save,
-        eval_steps=evaluate,
-        precision=precision,
-        attn_implementation=attention,
-        max_tokens=max_tokens,
-        max_minutes=recipe.max_minutes if budgeted else None,
-        seconds_per_update=seconds_per_update,
-        planned_training_seconds=training_seconds,
-        predicted_decode_seconds=decode,
-        measured=measured,
-        reasons=reasons,
-    )
-
-
-def _choice_reasons(recipe, precisions, attentions, measured, precision, attention) -> list[str]:
-    def seconds(p, a):
-        return measured[f"{p}/{a or 'default'}"]
-
-    reasons = []
-    if recipe.precision == "auto" and len(precisions) == 1:
-        reasons.append("fp32: no bf16 matrix units in this CPU (AMX or AVX512-BF16)")
-    elif len(precisions) > 1:
-        other = next(p for p in precisions if p != precision)
-        reasons.append(
-            f"{precision}: {seconds(precision, attention):.2f} s per update against "
-            f"{seconds(other, attention):.2f} s in {other}"
-        )
-    else:
-        reasons.append(f"{precision} as given")
-    if len(attentions) > 1:
-        other = next(a for a in attentions if a != attention)
-        reasons.append(
-            f"{attention} attention: {seconds(precision, attention):.2f} s per update against "
-            f"{seconds(precision, other):.2f} s with {other}"
-        )
-    return reasons
-
-
-def _updates_for_budget(
-    recipe, args, model, evaluation, test_pairs, per_epoch, seconds_per_update, tokens_per_update, started
-):
-    """(updates, planned training seconds, predicted test decoding seconds, the reason in words)."""
-    update = seconds_per_update * TRAINER_OVERHEAD
-    tokens = tokens_per_update  # padded tokens per side and process
-    decode = decode_seconds(test_pairs, recipe.test_beams, update, tokens)
-    checkpoints = recipe.checkpoints_per_run or 0
-    checkpoint_seconds = measure_checkpoint_seconds(model) if checkpoints else 0.0
-    validates = args.eval_strategy == "steps" and evaluation is not None
-    validations = (recipe.evaluations_per_run or 0) if validates else 0
-    validation_seconds = (
-        decode_seconds(len(evaluation), args.generation_num_beams or 1, update, tokens) + len(evaluation) / 640 * update
-        if validations
-        else 0.0
-    )
-    spent = time.time() - started
-    budget = recipe.max_minutes * 60
-    left = (budget - spent - decode - FINISHING_SECONDS) * SAFETY
-    fit = updates_that_fit(left, update, checkpoints, checkpoint_seconds, validations, validation_seconds)
-    reason = (
-        f"{fit:,} updates fit {left / 60:.1f} training minutes of the {recipe.max_minutes:g}-minute budget "
-        f"({update:.2f} s each; set-up so far {spent / 60:.1f} min, test decoding {decode / 60:.1f} min predicted)"
-    )
-    if recipe.max_epochs is not None and fit > recipe.max_epochs * per_epoch:
-        fit = max(1, math.floor(recipe.max_epochs * per_epoch))
-        reason += f"; capped at {fit:,} = {recipe.max_epochs:g} epochs of this corpus"
-    training = fit * update + checkpoints * checkpoint_seconds + validations * validation_seconds
-    return fit, training, decode, reason
-
-
-def apply_plan(plan: BudgetPlan, recipe: ModelDataArguments, args: TransformerTrainingArguments, model) -> None:
-    """Set the run's length, schedule, precision and attention from `plan`, and the §5.3 learning rate."""
-    nominal_warmup = args.warmup_steps
-    args.max_steps = plan.max_steps
-    if plan.max_tokens:
-        recipe.max_tokens = plan.max_tokens
-    args.warmup_steps = plan.warmup_steps
-    args.save_steps = plan.save_steps
-    if plan.eval_steps:
-        args.eval_steps = plan.eval_steps
-    args.bf16 = plan.precision == "bf16"
-    args.mixed_precision = "bf16" if args.bf16 else ("fp16" if args.fp16 else "no")
-    if plan.attn_implementation:
-        model.set_attn_implementation(plan.attn_implementation)
-    # The §5.3 schedule: peak lr_scale * d_model^-0.5 * warmup^-0.5 at the end of warmup. A recipe that names its
-    # peak gets the lr_scale that reaches it; where a short run cut the warmup (max_warmup_fraction), the rate climbs
-    # the same ramp and peaks lower: a post-LN model needs the ramp (warmup 308 to the full peak stalled at loss 4.7
-    # on the CPU recipe, docs/cpu_recipe.md).
-    if recipe.peak_learning_rate is not None:
-        peak = recipe.peak_learning_rate
-        if nominal_warmup >= 1 and plan.warmup_steps < nominal_warmup:
-            peak *= plan.warmup_steps / nominal_warmup
-        recipe.lr_scale = peak * (model.config.d_model * plan.warmup_steps) ** 0.5
-    args.learning_rate = recipe.lr_scale * model.config.d_model**-0.5
-
-
-def _step_of(checkpoint: str | None) -> int:
-    """The update a checkpoint folder was saved at (0 for none)."""
-    return int(Path(checkpoint).name.rsplit("-", 1)[1]) if checkpoint else 0
 
 
 def process_start_time() -> float:
@@ -995,7 +773,7 @@ def _train_and_evaluate(
             "steps": steps,
             "epochs": epochs_for(steps, trainer),
             "seconds": train_seconds,
-            "seconds_per_update": train_seconds / max(1, steps - _step_of(resume)),
+            "seconds_per_update": train_seconds / max(1, steps - (checkpoint_step(resume) if resume else 0)),
             "final_loss": next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
         },
         "plan": {**trainer.plan.to_dict(), "stopped_early_at": budget_callback.stopped_early_at},

@@ -74,7 +74,8 @@ def test_the_schedule_follows_from_the_number_of_updates():
 
 
 def test_batch_size_choices_are_read_largest_first():
-    from hf_vanilla_transformer.training import ModelDataArguments, token_choices
+    from hf_vanilla_transformer.budget import token_choices
+    from hf_vanilla_transformer.training import ModelDataArguments
 
     assert token_choices(ModelDataArguments(max_tokens=4096)) == [4096]
     assert token_choices(ModelDataArguments(max_tokens_choices="1024, 2048,1024")) == [2048, 1024]
