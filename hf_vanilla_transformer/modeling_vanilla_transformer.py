@@ -349,6 +349,13 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def _eager() -> bool:
+    """False while `torch.compile` traces the model. The input checks and the padding skip read tensor values on the
+    host, which a compiled graph cannot do without breaking; there they step aside: the dense computation gives the
+    same outputs, and `generate()` checks its inputs once per call, outside the compiled decoding step."""
+    return not torch.compiler.is_compiling()
+
+
 def _check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow: tuple[int, ...] = ()) -> None:
     """Raise a ValueError naming `name` when `ids` is empty, not 2-D, or holds an id outside [0, vocab_size)."""
     if ids.dim() != 2:
@@ -389,6 +396,10 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_flash_attn = True
     _supports_sdpa = True
+    _supports_flex_attn = True
+    # No host syncs in a forward under torch.compile (see `_eager`), and every cache update is in place with a static
+    # cache: the decoding step and the training forward compile as one graph each.
+    _can_compile_fullgraph = True
     _no_split_modules = ["VanillaTransformerEncoderLayer", "VanillaTransformerDecoderLayer"]
 
     @torch.no_grad()
@@ -462,26 +473,32 @@ class _VanillaTransformerStack(VanillaTransformerPreTrainedModel):
     @staticmethod
     def real_token_index(keep: torch.Tensor | None) -> torch.Tensor | None:
         """Flat indices of the positions to compute in the position-wise sub-layers, from a (B, L) mask of them;
-        None when there is nothing to skip (no mask, or no padding), which keeps the dense path."""
-        if keep is None or keep.dim() != 2 or bool(keep.all()):
+        None when there is nothing to skip (no mask, or no padding) and under `torch.compile` (the index has a
+        data-dependent size), which keeps the dense path."""
+        if keep is None or keep.dim() != 2 or not _eager() or bool(keep.all()):
             return None
         return keep.reshape(-1).nonzero().squeeze(1)
 
-    def embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, start: int = 0) -> torch.Tensor:
-        """Dropout(E[ids] * sqrt(d_model) + PE[start : start + L]); `inputs_embeds` replaces E[ids] if given."""
+    def embed(
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, start: int | torch.Tensor = 0
+    ) -> torch.Tensor:
+        """Dropout(E[ids] * sqrt(d_model) + PE[start : start + L]); `inputs_embeds` replaces E[ids] if given.
+
+        `start` is the cached target length: an int, or a 0-d tensor for a static cache (so that a compiled decoding
+        step does not recompile at every position)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         inputs_embeds = inputs_embeds * self.embed_scale  # (B, L, D)
         length = inputs_embeds.shape[1]
-        positions = torch.arange(start, start + length, device=inputs_embeds.device)  # (L,)
+        positions = torch.arange(length, device=inputs_embeds.device) + start  # (L,)
         if self.embed_positions is None:
             position_embeds = sinusoidal_positions(positions, self.config.d_model, self.config.sinusoid_layout)
         else:
-            if start + length > self.config.max_position_embeddings:
+            if _eager() and int(start) + length > self.config.max_position_embeddings:
                 raise ValueError(
-                    f"Sequence of {start + length} positions is longer than max_position_embeddings="
+                    f"Sequence of {int(start) + length} positions is longer than max_position_embeddings="
                     f"{self.config.max_position_embeddings} of the learned positions; use sinusoidal positions "
                     "(no limit) or a larger max_position_embeddings."
                 )
@@ -513,7 +530,7 @@ class VanillaTransformerEncoder(_VanillaTransformerStack):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutput:
-        if input_ids is not None:
+        if input_ids is not None and _eager():
             _check_ids("input_ids", input_ids, self.config.vocab_size)
         hidden_states = self.embed(input_ids, inputs_embeds)  # (B, S, D)
         _check_mask("attention_mask", attention_mask, tuple(hidden_states.shape[:2]))
@@ -572,16 +589,19 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
             raise ValueError("The decoder needs encoder_hidden_states: the output of the encoder.")
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        # The cached target length: an int, or a 0-d tensor once a static cache holds something.
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        first_pass = not torch.is_tensor(past_length) and past_length == 0
         # Ids the model generated itself need no check; a user's prompt or a training batch does.
-        if input_ids is not None and (past_length == 0 or input_ids.shape[-1] > 1):
+        if input_ids is not None and _eager() and (first_pass or input_ids.shape[-1] > 1):
             _check_ids("decoder_input_ids", input_ids, self.config.vocab_size)
 
         # 1. Target embeddings at positions past_length .. past_length + T - 1: a step at position t uses PE(t).
         hidden_states = self.embed(input_ids, inputs_embeds, start=past_length)  # (B, T, D)
         batch, length = hidden_states.shape[:2]
-        _check_mask("decoder_attention_mask", attention_mask, (batch, past_length + length))
-        _check_mask("attention_mask", encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]))
+        if _eager():
+            _check_mask("decoder_attention_mask", attention_mask, (batch, int(past_length) + length))
+            _check_mask("attention_mask", encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]))
 
         # 2. Masks: causal (+ target padding) for self-attention, source padding for cross-attention.
         self_attention_cache = (
@@ -605,7 +625,7 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
         # 3. The layers. The FFN skips positions no needed position can see: those after each sentence's last
         #    needed one (from the labels, under the causal mask), or those a 2-D decoder mask leaves out.
         token_index = None
-        if past_length == 0 and length > 1:
+        if first_pass and length > 1:
             if token_mask is not None:
                 _check_mask("token_mask", token_mask, (batch, length))
                 token_index = self.real_token_index(token_mask.bool().flip(1).cummax(1).values.flip(1))
@@ -936,7 +956,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         labelled = None  # (B, T): the positions that count in the loss
         if labels is not None:
-            _check_ids("labels", labels, self.config.vocab_size, allow=(-100,))
+            if _eager():
+                _check_ids("labels", labels, self.config.vocab_size, allow=(-100,))
             pad, eos = self.config.pad_token_id, self.config.eos_token_id
             if pad is not None and pad != eos:
                 labels = labels.masked_fill(labels == pad, -100)
@@ -961,9 +982,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         )
         hidden_states = outputs.last_hidden_state  # (B, T, D)
         loss = logits = None
-        if labels is not None and self.training:
+        if labels is not None and self.training and _eager():
             # Training: project only the positions that count in the loss (padding costs nothing), chunk by chunk
-            # so that the (tokens, vocabulary) logits never exist at once; `logits` stays None.
+            # so that the (tokens, vocabulary) logits never exist at once; `logits` stays None. Under
+            # `torch.compile` (no data-dependent selection) the dense path below computes the same loss.
             loss = linear_label_smoothed_loss(
                 hidden_states[labelled],
                 self.lm_head.weight,
@@ -1017,7 +1039,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         _check_decoding_arguments(config.num_beams, relative, penalty_type)
 
         # 2. "Input length + 50" (§6.1), sentence by sentence, where there is a source to measure.
-        sources = self._source_lengths(inputs, kwargs)  # (B,) or None
+        sources = self._source_lengths(inputs, kwargs)  # (B,) or None; checks the source ids
+        if kwargs.get("decoder_input_ids") is not None:  # checked once here: a compiled step does not check
+            _check_ids("decoder_input_ids", kwargs["decoder_input_ids"], self.config.vocab_size)
         if relative is not None and sources is not None:
             limits = sources + relative  # (B,)
             criteria = StoppingCriteriaList([self._relative_length_criteria(limits, kwargs)])

@@ -1,0 +1,227 @@
+"""Static cache and `torch.compile`: the static cache decodes the dynamic cache's tokens (greedy, sampling, beam search
+with the GNMT rules), the decoding step and the training forward compile with `fullgraph=True` and give the eager
+results, custom 4-D masks work compiled, and `Trainer(torch_compile=True)` trains with the eager losses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from datasets import Dataset
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers.generation import CompileConfig
+
+from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
+
+from conftest import PAD, random_ids, tiny_model
+
+
+DECODINGS = {
+    "greedy": dict(num_beams=1, do_sample=False),
+    "sampling": dict(num_beams=1, do_sample=True, top_k=8),
+    "beam_gnmt": dict(num_beams=4),  # the paper's default: GNMT length penalty, early stopping
+    "beam_hf": dict(num_beams=3, length_penalty_type="hf", early_stopping="never"),
+}
+
+
+def padded_sources() -> tuple[torch.Tensor, torch.Tensor]:
+    """Three sources of 7, 5 and 3 real tokens, right-padded, and their attention mask."""
+    sources = random_ids(3, 7, seed=4)
+    sources[1, 5:] = PAD
+    sources[2, 3:] = PAD
+    return sources, (sources != PAD).long()
+
+
+def generate(model, decoding: str, **kwargs) -> torch.Tensor:
+    sources, mask = padded_sources()
+    torch.manual_seed(7)  # the same draws for every sampling run
+    return model.generate(sources, attention_mask=mask, max_new_tokens=12, **DECODINGS[decoding], **kwargs)
+
+
+@pytest.fixture(scope="module")
+def compiled_model() -> VanillaTransformerForConditionalGeneration:
+    """A tiny model whose `forward` is compiled with `fullgraph=True`: any graph break in a decoding step or in the
+    training forward raises instead of falling back to eager. One model for the module, so graphs are reused."""
+    model = tiny_model(seed=2)
+    model.eager_forward = model.forward
+    model.forward = torch.compile(model.forward, fullgraph=True)
+    return model
+
+
+def test_the_model_declares_what_transformers_reads_for_compilation():
+    assert VanillaTransformerForConditionalGeneration._can_compile_fullgraph is True
+    assert VanillaTransformerForConditionalGeneration._supports_flex_attn is True
+
+
+@pytest.mark.slow
+def test_flex_attention_gives_the_sdpa_logits_and_tokens():
+    """Greedy only: on a CPU, torch 2.13's flex kernel fails under the dynamic shapes that beam search's recompiles
+    bring ("index out of bounds ... cur_qSplitSize"), for MarianMTModel exactly as for this model."""
+    model = tiny_model(seed=2)
+    sources, mask = padded_sources()
+    inputs = {"input_ids": sources, "attention_mask": mask, "decoder_input_ids": random_ids(3, 5, seed=3)}
+    with torch.no_grad():
+        expected, expected_tokens = model(**inputs).logits, generate(model, "greedy")
+        model.set_attn_implementation("flex_attention")
+        logits, tokens = model(**inputs).logits, generate(model, "greedy")
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(tokens, expected_tokens)
+
+
+@pytest.mark.parametrize("decoding", list(DECODINGS))
+def test_the_static_cache_decodes_the_dynamic_caches_tokens(decoding):
+    model = tiny_model(seed=2)
+    dynamic = generate(model, decoding)
+    static = generate(model, decoding, cache_implementation="static")
+    assert torch.equal(static, dynamic)
+    # The relative length rule ("input + 50") holds in both: sentence 3 has 3 real tokens, so with limit 3 + 2 it
+    # stops after 5 new tokens whatever the others do.
+    limited = generate(model, decoding, cache_implementation="static", relative_max_length=2)
+    assert torch.equal(limited, generate(model, decoding, relative_max_length=2))
+    assert limited.shape[1] <= 1 + 7 + 2
+
+
+@pytest.mark.parametrize(
+    "decoding",
+    ["greedy", pytest.param("beam_gnmt", marks=pytest.mark.slow), pytest.param("beam_hf", marks=pytest.mark.slow)],
+)
+def test_compiled_decoding_steps_have_no_graph_break_and_give_the_eager_tokens(compiled_model, decoding):
+    with torch.no_grad():
+        eager = generate(tiny_model(seed=2), decoding)
+    assert torch.equal(generate(compiled_model, decoding, cache_implementation="static"), eager)
+
+
+def test_transformers_own_compiled_decoding_gives_the_eager_tokens():
+    """generate() compiles the decoding step itself when asked (a compilable cache and a `compile_config`; on a CPU
+    `_compile_all_devices`), here with `fullgraph=True`."""
+    model = tiny_model(seed=2)
+    config = CompileConfig(fullgraph=True, mode="default")
+    config._compile_all_devices = True
+    for decoding in ("greedy", "sampling"):
+        compiled = generate(model, decoding, cache_implementation="static", compile_config=config)
+        assert hasattr(model, "_compiled_call")
+        assert torch.equal(compiled, generate(model, decoding))
+
+
+def test_a_compiled_model_still_refuses_bad_ids_once_per_generate_call(compiled_model):
+    sources, mask = padded_sources()
+    sources[0, 1] = 10_000
+    with pytest.raises(ValueError, match="token id 10000"):
+        compiled_model.generate(sources, attention_mask=mask, cache_implementation="static", max_new_tokens=3)
+    with pytest.raises(ValueError, match="decoder_input_ids holds token id -5"):
+        compiled_model.generate(
+            padded_sources()[0], decoder_input_ids=torch.tensor([[0, -5]] * 3), max_new_tokens=3, num_beams=1
+        )
+
+
+def training_batch() -> dict[str, torch.Tensor]:
+    sources, mask = padded_sources()
+    labels = random_ids(3, 6, seed=5)
+    labels[0, 4:] = -100
+    labels[2, 2:] = -100
+    return {"input_ids": sources, "attention_mask": mask, "labels": labels}
+
+
+def test_the_training_forward_compiles_with_fullgraph_and_gives_the_eager_loss_and_gradients(compiled_model):
+    """Compiled, the model computes the dense path (no padding skip, full logits); the loss and every gradient
+    equal the eager path's, which skips padding and never builds the logits."""
+    compiled_model.train()
+    try:
+        results = {}
+        for name, forward in (("eager", compiled_model.eager_forward), ("compiled", compiled_model.forward)):
+            compiled_model.zero_grad()
+            loss = forward(**training_batch()).loss
+            loss.backward()
+            grads = {key: p.grad.clone() for key, p in compiled_model.named_parameters()}
+            results[name] = (loss.detach(), grads)
+    finally:
+        compiled_model.eval()
+        compiled_model.zero_grad()
+    (eager_loss, eager_grads), (compiled_loss, compiled_grads) = results["eager"], results["compiled"]
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
+    assert eager_loss > 4.0  # an untrained model over 99 tokens: about log(99)
+    for key, grad in eager_grads.items():
+        torch.testing.assert_close(compiled_grads[key], grad, rtol=1e-4, atol=1e-6, msg=key)
+
+
+@pytest.mark.slow
+def test_a_custom_4d_mask_gives_what_the_2d_padding_mask_gives_eager_and_compiled(compiled_model):
+    """An additive (B, 1, S, S) encoder mask that hides each source's padding, as the 2-D mask does."""
+    sources, mask = padded_sources()
+    decoder_input_ids = random_ids(3, 5, seed=6)
+    hidden = torch.finfo(torch.float32).min
+    mask_4d = (1.0 - mask[:, None, None, :].float()).expand(3, 1, 7, 7) * hidden  # (B, 1, S, S)
+    encoder = compiled_model.get_encoder()
+    with torch.no_grad():
+        reference = encoder(input_ids=sources, attention_mask=mask).last_hidden_state
+        custom = encoder(input_ids=sources, attention_mask=mask_4d).last_hidden_state
+        compiled_encoder = torch.compile(encoder.forward, fullgraph=True)
+        custom_compiled = compiled_encoder(input_ids=sources, attention_mask=mask_4d).last_hidden_state
+        real = mask.bool()
+        torch.testing.assert_close(custom[real], reference[real], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(custom_compiled[real], reference[real], rtol=1e-5, atol=1e-5)
+        # and the decoder reads the encoder output the same way, compiled
+        logits = compiled_model(
+            encoder_outputs=(custom_compiled,), attention_mask=mask, decoder_input_ids=decoder_input_ids
+        ).logits
+        expected = compiled_model.eager_forward(
+            input_ids=sources, attention_mask=mask, decoder_input_ids=decoder_input_ids
+        ).logits
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
+
+
+def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+    vocab = {token: i for i, token in enumerate(["<s>", "<pad>", "</s>", "<unk>", *words])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def trainer_losses(tmp_path, torch_compile: bool) -> list[float]:
+    """Losses of 6 updates of a tiny model (same seed, data and order) through the real Seq2SeqTrainer."""
+    words = [f"w{i}" for i in range(40)]
+    tokenizer = word_tokenizer(words)
+    model = tiny_model(seed=1, vocab_size=len(tokenizer)).train()
+    sources = [" ".join(words[i : i + 3 + i % 4]) for i in range(16)]
+    targets = [" ".join(reversed(s.split())) for s in sources]
+
+    def encode(batch):
+        features = tokenizer(batch["source"], add_special_tokens=False)
+        labels = tokenizer(batch["target"], add_special_tokens=False)["input_ids"]
+        features["labels"] = [[*ids, tokenizer.eos_token_id] for ids in labels]
+        return features
+
+    dataset = Dataset.from_dict({"source": sources, "target": targets}).map(encode, batched=True)
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / f"compile-{torch_compile}"),
+        max_steps=6,
+        per_device_train_batch_size=8,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=3,
+        torch_compile=torch_compile,
+    )
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset.remove_columns(["source", "target"]),
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+@pytest.mark.slow
+def test_trainer_with_torch_compile_trains_with_the_eager_losses(tmp_path):
+    eager = trainer_losses(tmp_path, torch_compile=False)
+    compiled = trainer_losses(tmp_path, torch_compile=True)
+    assert len(eager) == 6 and eager[-1] < eager[0] - 0.2, eager
+    assert compiled == pytest.approx(eager, rel=1e-4, abs=1e-4)
