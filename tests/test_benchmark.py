@@ -1,12 +1,49 @@
-"""The benchmark script runs both models side by side and reports the ratios the README quotes (no timing asserts)."""
+"""The benchmark compares like with like: Marian, configured and loaded as the benchmark pairs it, computes our
+function (same logits, same loss, same tokens); the benchmark runs every case and reports its ratios (no timing
+asserts)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
+
+from hf_vanilla_transformer.benchmark import BenchmarkConfig, build_models, training_batch
 
 from conftest import run_script
+
+
+def test_marian_with_our_weights_computes_our_logits_loss_and_tokens():
+    """Our model with `sinusoid_layout="concat"` and MarianMTModel with a copy of its weights: the same logits
+    (1e-5) on a padded batch, the same loss from them, the same greedy and beam tokens. The two differ only where
+    no output can see it: Marian tabulates its sinusoids (ours computes them) and adds a zero output bias."""
+    options = BenchmarkConfig(sizes=("toy",), vocab_size=99, dropout=0.0, batch_tokens=200)
+    models = build_models("toy", options)
+    ours, marian = models["ours"].eval(), models["marian"].eval()
+    assert marian.model.shared.weight.data_ptr() == marian.lm_head.weight.data_ptr()
+    assert torch.equal(marian.model.shared.weight, ours.model.shared.weight)
+    inputs = training_batch(ours.config, options)
+    assert (inputs["attention_mask"] == 0).any() and (inputs["labels"] == -100).any()  # padding on both sides
+    no_labels = {key: value for key, value in inputs.items() if key != "labels"}
+    with torch.no_grad():
+        expected = ours(**no_labels).logits
+        logits = marian(**no_labels).logits
+    real = inputs["labels"] != -100
+    torch.testing.assert_close(logits[real], expected[real], rtol=1e-5, atol=1e-5)
+    assert expected.abs().max() > 0.1  # not a vacuous comparison of near-zero outputs
+    sources = {"input_ids": inputs["input_ids"][:4], "attention_mask": inputs["attention_mask"][:4]}
+    for beams in (1, 4):
+        kwargs = (
+            dict(num_beams=beams, max_new_tokens=8, length_penalty_type="hf")
+            if beams > 1
+            else dict(num_beams=1, max_new_tokens=8)
+        )
+        theirs = dict(kwargs)
+        theirs.pop("length_penalty_type", None)
+        assert torch.equal(
+            ours.generate(**sources, **kwargs), marian.generate(**sources, **theirs, early_stopping=True)
+        )
 
 
 @pytest.mark.slow
@@ -14,13 +51,21 @@ def test_benchmark_reports_every_case_and_ratio(tmp_path):
     output = tmp_path / "benchmark.json"
     result = run_script(
         "benchmark.py",
-        *("--preset", "tiny", "--vocab_size", "99", "--repeats", "1", "--warmup", "1", "--new_tokens", "4"),
-        *("--json", output),
+        *("--sizes", "toy", "--vocab_size", "99", "--repeats", "1", "--warmup", "1", "--new_tokens", "4"),
+        *("--batch_tokens", "200", "--json", output),
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    figures = json.loads(output.read_text())
-    assert set(figures["ratios"]) == {"train_dense", "train_ragged", "greedy", "beam4", "peak_memory"}
-    assert all(value > 0 for value in figures["ratios"].values())
-    for case in ("train_dense", "train_ragged"):
-        assert 0 < figures["cases"][case]["ours"]["mfu"] < 1
-    assert "| train_dense |" in result.stdout
+    figures = json.loads(output.read_text())["sizes"]["toy"]
+    assert set(figures["ratios"]) == {
+        "train_labels",
+        "train_logits",
+        "train_compiled",
+        "greedy",
+        "beam4",
+        "peak_memory",
+    }
+    assert set(figures["ratios"]["greedy"]) == {"ours", "ours_compiled", "marian_compiled"}
+    assert all(value > 0 for ratios in figures["ratios"].values() for value in ratios.values())
+    assert 0 < figures["cases"]["train_labels"]["ours"]["mfu"] < 1
+    assert figures["cases"]["beam4"]["ours_compiled"]["compile_warmup_seconds"] > 0
+    assert "| toy | train_labels |" in result.stdout
