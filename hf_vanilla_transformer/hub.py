@@ -92,6 +92,15 @@ def write_model_card(folder: str | Path, results: dict, plots: list[str] | None 
 # What a model folder publishes: these files as they are; config.json with the pipeline added; the card rendered for
 # the repository; plots/*.png; the pipeline's code. Training leftovers (checkpoint-*/, the tokenizer/ copy used for
 # resuming) stay home.
+# What `save_pretrained` writes for `trust_remote_code=True`: the configuration, the modeling file and the siblings
+# it imports relatively.
+REMOTE_CODE_FILES = (
+    "configuration_vanilla_transformer.py",
+    "modeling_vanilla_transformer.py",
+    "decoding_vanilla_transformer.py",
+    "inputs_vanilla_transformer.py",
+    "loss_vanilla_transformer.py",
+)
 COPIED = (
     "generation_config.json",
     "model.safetensors",
@@ -100,15 +109,13 @@ COPIED = (
     "special_tokens_map.json",
     "results.json",
     "training_log.json",
-    "configuration_vanilla_transformer.py",
-    "modeling_vanilla_transformer.py",
+    *REMOTE_CODE_FILES,
 )
 REQUIRED = (
     "config.json",
     "model.safetensors",
     "tokenizer.json",
-    "configuration_vanilla_transformer.py",
-    "modeling_vanilla_transformer.py",
+    *REMOTE_CODE_FILES,
 )
 
 

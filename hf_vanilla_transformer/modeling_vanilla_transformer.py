@@ -4,8 +4,10 @@ Post-LN encoder-decoder (§3.1), multi-head attention (§3.2), position-wise FFN
 by encoder input, decoder input and output projection, scaled by sqrt(d_model) (§3.4), sinusoidal positions
 computed for any length (§3.5), dropout as in §5.4 and label-smoothed loss (§5.4).
 
-This file imports only torch, transformers and its own configuration, so a folder written by `save_pretrained`
-loads with `trust_remote_code=True` where this package is not installed.
+What the paper describes lives here. Its siblings hold the rest: the loss (loss_vanilla_transformer.py), the decoding
+rules of §6.1 (decoding_vanilla_transformer.py) and the input checks (inputs_vanilla_transformer.py). These files
+import only torch, transformers and each other, relatively, so `save_pretrained` copies them all and the folder loads
+with `trust_remote_code=True` where this package is not installed.
 
 Shape legend: B batch, S source length, T target length (new tokens), P cached target length, H heads,
 D d_model, Dk / Dv per-head query-key / value size, F FFN inner size, V vocabulary.
@@ -19,7 +21,6 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.generation import GenerationConfig, GenerationMixin, StoppingCriteria, StoppingCriteriaList
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -35,6 +36,14 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .decoding_vanilla_transformer import (
+    RelativeMaxLengthCriteria,
+    VanillaTransformerGenerationMixin,
+    default_generation_config,
+    gnmt_length_penalty,
+)
+from .inputs_vanilla_transformer import _check_ids, _check_mask, _eager
+from .loss_vanilla_transformer import label_smoothed_loss, linear_label_smoothed_loss
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -241,14 +250,10 @@ class VanillaTransformerFeedForward(nn.Module):
 
 
 class VanillaTransformerEncoderLayer(GradientCheckpointingLayer):
-    """Encoder layer, §3.1: self-attention, then FFN, each wrapped as LayerNorm(x + Dropout(Sublayer(x))) (§5.4).
-
-    With `config.pre_layer_norm` each sub-layer is x + Dropout(Sublayer(LayerNorm(x))) instead.
-    """
+    """Encoder layer, §3.1: self-attention, then FFN, each wrapped as LayerNorm(x + Dropout(Sublayer(x))) (§5.4)."""
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__()
-        self.pre_layer_norm = config.pre_layer_norm
         self.dropout = config.dropout
         self.self_attn = VanillaTransformerAttention(config, config.encoder_attention_heads)
         self.self_attn_layer_norm = VanillaTransformerLayerNorm(config.d_model, eps=config.layer_norm_eps)
@@ -262,23 +267,17 @@ class VanillaTransformerEncoderLayer(GradientCheckpointingLayer):
         token_index: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
-        # 1. Self-attention sub-layer.
+        # 1. Self-attention sub-layer: LayerNorm(x + Dropout(SelfAttention(x))).
         residual = hidden_states
-        if self.pre_layer_norm:
-            hidden_states = self.self_attn_layer_norm(hidden_states)
         hidden_states, _ = self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
-        hidden_states = residual + nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
-        if not self.pre_layer_norm:
-            hidden_states = self.self_attn_layer_norm(hidden_states)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.self_attn_layer_norm(residual + hidden_states)
 
-        # 2. Feed-forward sub-layer.
+        # 2. Feed-forward sub-layer: LayerNorm(x + Dropout(FFN(x))).
         residual = hidden_states
-        if self.pre_layer_norm:
-            hidden_states = self.final_layer_norm(hidden_states)
         hidden_states = self.ffn(hidden_states, token_index)
-        hidden_states = residual + nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
-        if not self.pre_layer_norm:
-            hidden_states = self.final_layer_norm(hidden_states)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.final_layer_norm(residual + hidden_states)
         return hidden_states  # (B, S, D)
 
 
@@ -287,7 +286,6 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: VanillaTransformerConfig, layer_idx: int):
         super().__init__()
-        self.pre_layer_norm = config.pre_layer_norm
         self.dropout = config.dropout
         heads = config.decoder_attention_heads
         self.self_attn = VanillaTransformerAttention(config, heads, is_causal=True, layer_idx=layer_idx)
@@ -309,75 +307,67 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
     ) -> torch.Tensor:
         # 1. Masked self-attention sub-layer: position i sees positions <= i (§3.2.3).
         residual = hidden_states
-        if self.pre_layer_norm:
-            hidden_states = self.self_attn_layer_norm(hidden_states)
         hidden_states, _ = self.self_attn(
             hidden_states, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs
         )
-        hidden_states = residual + nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
-        if not self.pre_layer_norm:
-            hidden_states = self.self_attn_layer_norm(hidden_states)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.self_attn_layer_norm(residual + hidden_states)
 
         # 2. Encoder-decoder attention sub-layer: queries from the decoder, keys and values from the encoder.
         residual = hidden_states
-        if self.pre_layer_norm:
-            hidden_states = self.encoder_attn_layer_norm(hidden_states)
         hidden_states, _ = self.encoder_attn(
-            hidden_states,
-            key_value_states=encoder_hidden_states,
-            attention_mask=encoder_attention_mask,
-            past_key_values=past_key_values,
-            **kwargs,
+            hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values=past_key_values, **kwargs
         )
-        hidden_states = residual + nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
-        if not self.pre_layer_norm:
-            hidden_states = self.encoder_attn_layer_norm(hidden_states)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.encoder_attn_layer_norm(residual + hidden_states)
 
         # 3. Feed-forward sub-layer.
         residual = hidden_states
-        if self.pre_layer_norm:
-            hidden_states = self.final_layer_norm(hidden_states)
         hidden_states = self.ffn(hidden_states, token_index)
-        hidden_states = residual + nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
-        if not self.pre_layer_norm:
-            hidden_states = self.final_layer_norm(hidden_states)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = self.final_layer_norm(residual + hidden_states)
         return hidden_states  # (B, T, D)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Pre-trained model base: initialisation, embeddings, input checks
-# ---------------------------------------------------------------------------------------------------------------------
+class VanillaTransformerPreLNEncoderLayer(VanillaTransformerEncoderLayer):
+    """Not the paper: `config.pre_layer_norm` wraps each sub-layer as x + Dropout(Sublayer(LayerNorm(x))) (Xiong et
+    al. 2020), with the same parameters and names; the stack then ends with a LayerNorm of its own."""
+
+    def forward(self, hidden_states, attention_mask=None, token_index=None, **kwargs: Unpack[TransformersKwargs]):
+        attended, _ = self.self_attn(self.self_attn_layer_norm(hidden_states), attention_mask=attention_mask, **kwargs)
+        hidden_states = hidden_states + nn.functional.dropout(attended, p=self.dropout, training=self.training)
+        transformed = self.ffn(self.final_layer_norm(hidden_states), token_index)
+        return hidden_states + nn.functional.dropout(transformed, p=self.dropout, training=self.training)
 
 
-def _eager() -> bool:
-    """False while `torch.compile` traces the model. The input checks and the padding skip read tensor values on the
-    host, which a compiled graph cannot do without breaking; there they step aside: the dense computation gives the
-    same outputs, and `generate()` checks its inputs once per call, outside the compiled decoding step."""
-    return not torch.compiler.is_compiling()
+class VanillaTransformerPreLNDecoderLayer(VanillaTransformerDecoderLayer):
+    """Not the paper: the pre-LN decoder layer (see `VanillaTransformerPreLNEncoderLayer`)."""
 
-
-def _check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow: tuple[int, ...] = ()) -> None:
-    """Raise a ValueError naming `name` when `ids` is empty, not 2-D, or holds an id outside [0, vocab_size)."""
-    if ids.dim() != 2:
-        raise ValueError(f"{name} must have shape (batch, length); got shape {tuple(ids.shape)}.")
-    if ids.numel() == 0:
-        raise ValueError(
-            f"{name} is empty (shape {tuple(ids.shape)}); expected at least one sequence of at least one token."
+    def forward(
+        self,
+        hidden_states,
+        attention_mask=None,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        past_key_values=None,
+        token_index=None,
+        **kwargs: Unpack[TransformersKwargs],
+    ):
+        normed = self.self_attn_layer_norm(hidden_states)
+        attended, _ = self.self_attn(normed, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
+        hidden_states = hidden_states + nn.functional.dropout(attended, p=self.dropout, training=self.training)
+        normed = self.encoder_attn_layer_norm(hidden_states)
+        attended, _ = self.encoder_attn(
+            normed, encoder_hidden_states, encoder_attention_mask, past_key_values=past_key_values, **kwargs
         )
-    if ids.is_floating_point():
-        raise ValueError(f"{name} must hold integer token ids; got dtype {ids.dtype}.")
-    bad = (ids < 0) | (ids >= vocab_size)
-    for value in allow:
-        bad &= ids != value
-    if bad.any():
-        value = ids[bad][0].item()
-        raise ValueError(f"{name} holds token id {value}, outside the vocabulary [0, {vocab_size}).")
+        hidden_states = hidden_states + nn.functional.dropout(attended, p=self.dropout, training=self.training)
+        transformed = self.ffn(self.final_layer_norm(hidden_states), token_index)
+        return hidden_states + nn.functional.dropout(transformed, p=self.dropout, training=self.training)
 
 
-def _check_mask(name: str, mask: torch.Tensor | None, expected: tuple[int, ...]) -> None:
-    """Raise a ValueError naming `name` when a 2-D padding mask does not have the `expected` shape."""
-    if mask is not None and mask.dim() == 2 and tuple(mask.shape) != expected:
-        raise ValueError(f"{name} has shape {tuple(mask.shape)}; expected {expected} to match the token ids.")
+# ---------------------------------------------------------------------------------------------------------------------
+# Pre-trained model base: initialisation, tied embeddings
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 class VanillaTransformerPreTrainedModel(PreTrainedModel):
@@ -517,7 +507,8 @@ class VanillaTransformerEncoder(_VanillaTransformerStack):
 
     def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding | None = None):
         super().__init__(config, embed_tokens)
-        self.layers = nn.ModuleList([VanillaTransformerEncoderLayer(config) for _ in range(config.encoder_layers)])
+        layer = VanillaTransformerPreLNEncoderLayer if config.pre_layer_norm else VanillaTransformerEncoderLayer
+        self.layers = nn.ModuleList([layer(config) for _ in range(config.encoder_layers)])
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -558,9 +549,8 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
 
     def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding | None = None):
         super().__init__(config, embed_tokens)
-        self.layers = nn.ModuleList(
-            [VanillaTransformerDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)]
-        )
+        layer = VanillaTransformerPreLNDecoderLayer if config.pre_layer_norm else VanillaTransformerDecoderLayer
+        self.layers = nn.ModuleList([layer(config, layer_idx=i) for i in range(config.decoder_layers)])
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -753,147 +743,11 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         )
 
 
-def label_smoothed_loss(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    epsilon: float,
-    num_items_in_batch: int | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Label-smoothed cross-entropy (§5.4) summed over target tokens and divided by their number.
+class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, VanillaTransformerGenerationMixin):
+    """The Transformer for translation: encoder-decoder, output projection tied to the embeddings, softmax (§3.4).
 
-    Positions labelled -100 count in neither the sum nor the divisor. Under `Trainer`, `num_items_in_batch` is the
-    number of target tokens in the whole update (all accumulation steps and, with `average_tokens_across_devices`,
-    all processes), so that the update's gradient is that of the per-token mean loss, whatever the split.
-    The smoothed target puts 1 - epsilon + epsilon/V on the reference token and epsilon/V on every other one
-    (`torch.nn.functional.cross_entropy(label_smoothing=epsilon)`).
+    `generate()` decodes as §6.1 by default (`VanillaTransformerGenerationMixin`, in decoding_vanilla_transformer.py).
     """
-    loss = nn.functional.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]),  # (B*T, V), softmax in float32
-        labels.reshape(-1),
-        ignore_index=-100,
-        label_smoothing=epsilon,
-        reduction="sum",
-    )
-    return _per_target_token(loss, labels, num_items_in_batch)
-
-
-def _per_target_token(
-    total: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None
-) -> torch.Tensor:
-    """`total` divided by the update's target tokens (`num_items_in_batch`), else by the labelled tokens here."""
-    if num_items_in_batch is None:
-        num_items_in_batch = (labels != -100).sum().clamp(min=1)
-    elif isinstance(num_items_in_batch, torch.Tensor):
-        num_items_in_batch = num_items_in_batch.to(total.device)
-    return total / num_items_in_batch
-
-
-class _LinearLabelSmoothedLoss(torch.autograd.Function):
-    """Sum over tokens of the label-smoothed cross-entropy of `hidden @ weight.T`, computed chunk by chunk.
-
-    The gradient is computed in the forward pass, so that the (tokens, vocabulary) logits never exist at once:
-    for each chunk, dLoss/dlogits = softmax(logits) - q (q: the smoothed target distribution), then
-    dLoss/dhidden = dlogits @ weight and dLoss/dweight += dlogits.T @ hidden. The backward pass only scales them.
-    Matrix products run in `compute_dtype` (the autocast dtype under autocast), softmax and sums in float32.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, labels, epsilon, chunk_size, compute_dtype):
-        vocab = weight.shape[0]
-        with torch.autocast(device_type=hidden.device.type, enabled=False):
-            weight_c = weight.to(compute_dtype)
-            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-            grad_hidden = torch.empty(hidden.shape, dtype=compute_dtype, device=hidden.device)
-            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-            for start in range(0, hidden.shape[0], chunk_size):
-                chunk = hidden[start : start + chunk_size].to(compute_dtype)  # (C, D)
-                target = labels[start : start + chunk_size, None]  # (C, 1)
-                logits = (chunk @ weight_c.T).float()  # (C, V)
-                log_z = torch.logsumexp(logits, dim=-1, keepdim=True)  # (C, 1)
-                picked = logits.gather(-1, target)
-                # loss = (1 - eps) * (log Z - z_y) + eps * (log Z - mean_v z_v)
-                total += (log_z - (1.0 - epsilon) * picked - epsilon * logits.mean(-1, keepdim=True)).sum()
-                grad = logits.sub_(log_z).exp_().sub_(epsilon / vocab)  # softmax - eps / V, in place
-                grad.scatter_add_(-1, target, torch.full_like(picked, epsilon - 1.0))
-                grad = grad.to(compute_dtype)
-                grad_hidden[start : start + chunk_size] = grad @ weight_c
-                grad_weight += (grad.T @ chunk).float()
-        ctx.save_for_backward(grad_hidden, grad_weight)
-        ctx.dtypes = (hidden.dtype, weight.dtype)
-        return total
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        hidden_dtype, weight_dtype = ctx.dtypes
-        return (
-            (grad_hidden * grad_output).to(hidden_dtype),
-            (grad_weight * grad_output).to(weight_dtype),
-            None,
-            None,
-            None,
-            None,
-        )
-
-
-def linear_label_smoothed_loss(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    labels: torch.Tensor,
-    epsilon: float,
-    num_items_in_batch: int | torch.Tensor | None = None,
-    chunk_size: int = 1024,
-) -> torch.Tensor:
-    """`label_smoothed_loss(hidden @ weight.T, labels, epsilon, num_items_in_batch)` for the hidden states of the
-    labelled tokens, (N, D), without materialising the (N, V) logits: less memory and fewer passes over them."""
-    device = hidden.device.type
-    compute_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-    total = _LinearLabelSmoothedLoss.apply(hidden, weight, labels, float(epsilon), chunk_size, compute_dtype)
-    return _per_target_token(total, labels, num_items_in_batch)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Decoding rules of §6.1
-# ---------------------------------------------------------------------------------------------------------------------
-
-LENGTH_PENALTY_TYPES = ("gnmt", "hf")
-
-
-def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | torch.Tensor:
-    """lp(Y) = ((5 + |Y|) / 6)^alpha, the length penalty of GNMT (Wu et al. 2016) that §6.1 uses with alpha = 0.6."""
-    return ((5.0 + length) / 6.0) ** alpha
-
-
-class GnmtAlpha(float):
-    """A `length_penalty` that asks beam search for GNMT's lp(Y) instead of transformers' |Y|^length_penalty.
-
-    `generate()` puts it in the call's generation config; `GenerationMixin` hands `generation_config.length_penalty`
-    to the beam-search hooks below, which read the rule from its type. So the rule travels with the call that chose
-    it, and nothing is stored on the model: nested or concurrent `generate()` calls keep their own rules.
-    """
-
-    def __repr__(self) -> str:
-        return f"GnmtAlpha({float(self)!r})"
-
-
-class RelativeMaxLengthCriteria(StoppingCriteria):
-    """Stops sentence i once it has `limits[i]` new tokens: "input length + 50" (§6.1) as a per-sentence rule.
-
-    Rows are grouped by sentence (beams and returned sequences of one sentence are consecutive), so row r belongs
-    to sentence r // (rows / batch), as in every decoding loop of `GenerationMixin`.
-    """
-
-    def __init__(self, limits: torch.Tensor, prompt_length: int):
-        self.limits = limits  # (B,) new tokens allowed per sentence
-        self.prompt_length = prompt_length  # decoder tokens present before the first generated one
-
-    def __call__(self, input_ids: torch.LongTensor, scores=None, **kwargs) -> torch.BoolTensor:
-        per_row = self.limits.to(input_ids.device).repeat_interleave(input_ids.shape[0] // self.limits.shape[0])
-        return (input_ids.shape[1] - self.prompt_length) >= per_row  # (rows,)
-
-
-class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
-    """The Transformer for translation: encoder-decoder, output projection tied to the embeddings, softmax (§3.4)."""
 
     _tied_weights_keys = {
         "lm_head.weight": "model.shared.weight",
@@ -1009,159 +863,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
         )
-
-    # --- decoding (§6.1) ------------------------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def generate(
-        self,
-        inputs: torch.Tensor | None = None,
-        generation_config: GenerationConfig | None = None,
-        logits_processor=None,
-        stopping_criteria: StoppingCriteriaList | None = None,
-        **kwargs,
-    ):
-        """`GenerationMixin.generate` with the paper's length rules on top.
-
-        `relative_max_length=N` (default 50 from the generation config; `None` turns it off) lets each sentence
-        produce at most its own number of real source tokens + N; `max_new_tokens` or `max_length`, when passed,
-        still cap every sentence. Without a source (no `input_ids`, `inputs_embeds` or `encoder_outputs`) the rule
-        steps aside and, as in transformers' encoder-decoders, the source is BOS alone. `length_penalty_type="gnmt"`
-        (default) or `"hf"` chooses how beam search normalises finished hypotheses by length, with `length_penalty`
-        as alpha. Each call's choices travel with its own arguments, never on the model, so `generate()` may run
-        inside another `generate()` of the same model (a logits processor, a callback, assisted decoding).
-        """
-        rules = {name: kwargs.pop(name) for name in ("relative_max_length", "length_penalty_type") if name in kwargs}
-        # 1. The configuration this call runs with (the model's defaults < `generation_config` < keyword arguments).
-        config, _ = self._prepare_generation_config(generation_config, **kwargs)
-        relative = rules.get("relative_max_length", getattr(config, "relative_max_length", None))
-        penalty_type = rules.get("length_penalty_type", getattr(config, "length_penalty_type", None) or "hf")
-        _check_decoding_arguments(config.num_beams, relative, penalty_type)
-
-        # 2. "Input length + 50" (§6.1), sentence by sentence, where there is a source to measure.
-        sources = self._source_lengths(inputs, kwargs)  # (B,) or None; checks the source ids
-        if kwargs.get("decoder_input_ids") is not None:  # checked once here: a compiled step does not check
-            _check_ids("decoder_input_ids", kwargs["decoder_input_ids"], self.config.vocab_size)
-        if relative is not None and sources is not None:
-            limits = sources + relative  # (B,)
-            criteria = StoppingCriteriaList([self._relative_length_criteria(limits, kwargs)])
-            stopping_criteria = criteria + (stopping_criteria or [])
-            user_cap = (
-                config.max_new_tokens is not None
-                or kwargs.get("max_length") is not None
-                or (generation_config is not None and generation_config.max_length is not None)
-                or self.generation_config.max_length is not None
-            )
-            if not user_cap:
-                kwargs["max_new_tokens"] = int(limits.max())
-
-        # 3. GNMT's length penalty in beam search, carried by the value of this call's `length_penalty`.
-        if penalty_type == "gnmt" and config.num_beams > 1:
-            kwargs["length_penalty"] = GnmtAlpha(config.length_penalty if config.length_penalty is not None else 1.0)
-        return super().generate(
-            inputs,
-            generation_config=generation_config,
-            logits_processor=logits_processor,
-            stopping_criteria=stopping_criteria,
-            **kwargs,
-        )
-
-    def _relative_length_criteria(self, limits: torch.Tensor, kwargs: dict) -> RelativeMaxLengthCriteria:
-        """The stopping rule for `limits` (B,) new tokens, counted after the decoder prompt (the start token, or the
-        caller's `decoder_input_ids`, to which generate() prepends the start token when it is not there)."""
-        prompt = kwargs.get("decoder_input_ids")
-        prompt_length = 1
-        if prompt is not None:
-            starts_right = bool((prompt[:, 0] == self.config.decoder_start_token_id).all())
-            prompt_length = prompt.shape[1] + (0 if starts_right else 1)
-        return RelativeMaxLengthCriteria(limits, prompt_length)
-
-    def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
-        """Beam search: follow the surviving beams in the self-attention cache only.
-
-        Every beam of a sentence attends to the same encoder output, so the cross-attention keys and values of its
-        beams are identical rows and `beam_idx` (which picks beams within each sentence) would copy them onto
-        themselves: decoder_layers x 2 tensors of (batch x beams, heads, source length, d_k) per step, for nothing.
-        """
-        if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values.self_attention_cache.reorder_cache(beam_idx)
-        else:
-            past_key_values.reorder_cache(beam_idx)
-        return past_key_values
-
-    def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
-        """Real (non-padding) source tokens per sentence: from the attention mask, else from the padding id, else the
-        full length of `inputs_embeds` or of the encoder output; None when the call has no source."""
-        mask = kwargs.get("attention_mask")
-        if mask is not None and mask.dim() == 2:
-            return mask.sum(-1).long()
-        ids = inputs if inputs is not None else kwargs.get("input_ids")
-        if ids is not None:
-            _check_ids("input_ids", ids, self.config.vocab_size)
-            return (ids != self.config.pad_token_id).sum(-1).long()
-        states = kwargs.get("inputs_embeds")
-        if states is None and kwargs.get("encoder_outputs") is not None:
-            states = kwargs["encoder_outputs"][0]
-        if states is None:
-            return None
-        return torch.full((states.shape[0],), states.shape[1], dtype=torch.long, device=states.device)
-
-    def _update_finished_beams(self, **kwargs):
-        # GNMT: finished hypotheses are ranked by log P(Y) / ((5 + |Y|) / 6)^alpha; HF would divide by |Y|^alpha.
-        alpha = kwargs["length_penalty"]
-        if isinstance(alpha, GnmtAlpha):
-            length = kwargs["cur_len"] + 1 - kwargs["decoder_prompt_len"]
-            kwargs["topk_log_probs"] = kwargs["topk_log_probs"] / gnmt_length_penalty(length, float(alpha))
-            kwargs["length_penalty"] = 0.0
-        return super()._update_finished_beams(**kwargs)
-
-    def _check_early_stop_heuristic(self, **kwargs):
-        # The same bound as HF's, with GNMT's penalty: for early_stopping="never" the best a running hypothesis can
-        # still reach is its score divided by lp(longest allowed length), as in tensor2tensor's `stop_early`.
-        alpha = kwargs["length_penalty"]
-        if isinstance(alpha, GnmtAlpha):
-            longest = kwargs["early_stopping"] == "never" and alpha > 0.0
-            length = (kwargs["max_length"] if longest else kwargs["cur_len"]) - kwargs["decoder_prompt_len"]
-            kwargs["running_beam_scores"] = kwargs["running_beam_scores"] / gnmt_length_penalty(length, float(alpha))
-            kwargs["length_penalty"] = 0.0
-        return GenerationMixin._check_early_stop_heuristic(**kwargs)
-
-
-def _check_decoding_arguments(num_beams, relative_max_length, length_penalty_type) -> None:
-    """Raise a ValueError naming the value when one of generate()'s arguments is out of its range."""
-    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
-        raise ValueError(
-            f"num_beams={num_beams!r} is invalid; expected an integer >= 1 (1: greedy search or sampling, more: "
-            "beam search)."
-        )
-    if length_penalty_type not in LENGTH_PENALTY_TYPES:
-        raise ValueError(
-            f"length_penalty_type={length_penalty_type!r} is invalid; expected one of {LENGTH_PENALTY_TYPES}."
-        )
-    if relative_max_length is not None and (
-        isinstance(relative_max_length, bool) or not isinstance(relative_max_length, int) or relative_max_length < 0
-    ):
-        raise ValueError(f"relative_max_length={relative_max_length!r} is invalid; expected None or an integer >= 0.")
-
-
-def default_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
-    """The paper's decoding (§6.1) as the default of every new and saved model.
-
-    Beam search with 4 beams; hypotheses ranked by log P(Y) / lp(Y) with GNMT's lp(Y) = ((5 + |Y|) / 6)^0.6
-    (`length_penalty_type="gnmt"`, `length_penalty=0.6`); at most input length + 50 tokens per sentence
-    (`relative_max_length=50`); a sentence's search ends once it has 4 finished hypotheses (`early_stopping=True`).
-    """
-    return GenerationConfig(
-        num_beams=4,
-        length_penalty=0.6,
-        length_penalty_type="gnmt",
-        relative_max_length=50,
-        early_stopping=True,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-        decoder_start_token_id=config.decoder_start_token_id,
-    )
 
 
 __all__ = [

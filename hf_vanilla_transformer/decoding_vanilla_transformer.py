@@ -1,0 +1,204 @@
+"""Decoding as §6.1: beam search with 4 beams, GNMT's length penalty, at most input length + 50 tokens per sentence.
+
+`VanillaTransformerGenerationMixin` adds these rules to `GenerationMixin` for `VanillaTransformerForConditionalGeneration`:
+`generate()` reads `relative_max_length` and `length_penalty_type`, and two beam-search hooks apply GNMT's
+lp(Y) = ((5 + |Y|) / 6)^alpha. Each call's choices travel with its own arguments, never on the model. Imported
+relatively by the modeling file, and copied beside it by `save_pretrained`.
+"""
+
+import torch
+from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.generation import GenerationConfig, GenerationMixin, StoppingCriteria, StoppingCriteriaList
+
+from .inputs_vanilla_transformer import _check_ids
+
+
+LENGTH_PENALTY_TYPES = ("gnmt", "hf")
+
+
+def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | torch.Tensor:
+    """lp(Y) = ((5 + |Y|) / 6)^alpha, the length penalty of GNMT (Wu et al. 2016) that §6.1 uses with alpha = 0.6."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+class GnmtAlpha(float):
+    """A `length_penalty` that asks beam search for GNMT's lp(Y) instead of transformers' |Y|^length_penalty.
+
+    `generate()` puts it in the call's generation config; `GenerationMixin` hands `generation_config.length_penalty`
+    to the beam-search hooks below, which read the rule from its type. So the rule travels with the call that chose
+    it, and nothing is stored on the model: nested or concurrent `generate()` calls keep their own rules.
+    """
+
+    def __repr__(self) -> str:
+        return f"GnmtAlpha({float(self)!r})"
+
+
+class RelativeMaxLengthCriteria(StoppingCriteria):
+    """Stops sentence i once it has `limits[i]` new tokens: "input length + 50" (§6.1) as a per-sentence rule.
+
+    Rows are grouped by sentence (beams and returned sequences of one sentence are consecutive), so row r belongs
+    to sentence r // (rows / batch), as in every decoding loop of `GenerationMixin`.
+    """
+
+    def __init__(self, limits: torch.Tensor, prompt_length: int):
+        self.limits = limits  # (B,) new tokens allowed per sentence
+        self.prompt_length = prompt_length  # decoder tokens present before the first generated one
+
+    def __call__(self, input_ids: torch.LongTensor, scores=None, **kwargs) -> torch.BoolTensor:
+        per_row = self.limits.to(input_ids.device).repeat_interleave(input_ids.shape[0] // self.limits.shape[0])
+        return (input_ids.shape[1] - self.prompt_length) >= per_row  # (rows,)
+
+
+class VanillaTransformerGenerationMixin(GenerationMixin):
+    """`GenerationMixin` with the length rules of §6.1 (see the module docstring)."""
+
+    @torch.no_grad()
+    def generate(
+        self,
+        inputs: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        logits_processor=None,
+        stopping_criteria: StoppingCriteriaList | None = None,
+        **kwargs,
+    ):
+        """`GenerationMixin.generate` with the paper's length rules on top.
+
+        `relative_max_length=N` (default 50 from the generation config; `None` turns it off) lets each sentence
+        produce at most its own number of real source tokens + N; `max_new_tokens` or `max_length`, when passed,
+        still cap every sentence. Without a source (no `input_ids`, `inputs_embeds` or `encoder_outputs`) the rule
+        steps aside and, as in transformers' encoder-decoders, the source is BOS alone. `length_penalty_type="gnmt"`
+        (default) or `"hf"` chooses how beam search normalises finished hypotheses by length, with `length_penalty`
+        as alpha. Each call's choices travel with its own arguments, never on the model, so `generate()` may run
+        inside another `generate()` of the same model (a logits processor, a callback, assisted decoding).
+        """
+        rules = {name: kwargs.pop(name) for name in ("relative_max_length", "length_penalty_type") if name in kwargs}
+        # 1. The configuration this call runs with (the model's defaults < `generation_config` < keyword arguments).
+        config, _ = self._prepare_generation_config(generation_config, **kwargs)
+        relative = rules.get("relative_max_length", getattr(config, "relative_max_length", None))
+        penalty_type = rules.get("length_penalty_type", getattr(config, "length_penalty_type", None) or "hf")
+        _check_decoding_arguments(config.num_beams, relative, penalty_type)
+
+        # 2. "Input length + 50" (§6.1), sentence by sentence, where there is a source to measure.
+        sources = self._source_lengths(inputs, kwargs)  # (B,) or None; checks the source ids
+        if kwargs.get("decoder_input_ids") is not None:  # checked once here: a compiled step does not check
+            _check_ids("decoder_input_ids", kwargs["decoder_input_ids"], self.config.vocab_size)
+        if relative is not None and sources is not None:
+            limits = sources + relative  # (B,)
+            criteria = StoppingCriteriaList([self._relative_length_criteria(limits, kwargs)])
+            stopping_criteria = criteria + (stopping_criteria or [])
+            user_cap = (
+                config.max_new_tokens is not None
+                or kwargs.get("max_length") is not None
+                or (generation_config is not None and generation_config.max_length is not None)
+                or self.generation_config.max_length is not None
+            )
+            if not user_cap:
+                kwargs["max_new_tokens"] = int(limits.max())
+
+        # 3. GNMT's length penalty in beam search, carried by the value of this call's `length_penalty`.
+        if penalty_type == "gnmt" and config.num_beams > 1:
+            kwargs["length_penalty"] = GnmtAlpha(config.length_penalty if config.length_penalty is not None else 1.0)
+        return super().generate(
+            inputs,
+            generation_config=generation_config,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            **kwargs,
+        )
+
+    def _relative_length_criteria(self, limits: torch.Tensor, kwargs: dict) -> RelativeMaxLengthCriteria:
+        """The stopping rule for `limits` (B,) new tokens, counted after the decoder prompt (the start token, or the
+        caller's `decoder_input_ids`, to which generate() prepends the start token when it is not there)."""
+        prompt = kwargs.get("decoder_input_ids")
+        prompt_length = 1
+        if prompt is not None:
+            starts_right = bool((prompt[:, 0] == self.config.decoder_start_token_id).all())
+            prompt_length = prompt.shape[1] + (0 if starts_right else 1)
+        return RelativeMaxLengthCriteria(limits, prompt_length)
+
+    def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search: follow the surviving beams in the self-attention cache only.
+
+        Every beam of a sentence attends to the same encoder output, so the cross-attention keys and values of its
+        beams are identical rows and `beam_idx` (which picks beams within each sentence) would copy them onto
+        themselves: decoder_layers x 2 tensors of (batch x beams, heads, source length, d_k) per step, for nothing.
+        """
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            past_key_values.reorder_cache(beam_idx)
+        return past_key_values
+
+    def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
+        """Real (non-padding) source tokens per sentence: from the attention mask, else from the padding id, else the
+        full length of `inputs_embeds` or of the encoder output; None when the call has no source."""
+        mask = kwargs.get("attention_mask")
+        if mask is not None and mask.dim() == 2:
+            return mask.sum(-1).long()
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if ids is not None:
+            _check_ids("input_ids", ids, self.config.vocab_size)
+            return (ids != self.config.pad_token_id).sum(-1).long()
+        states = kwargs.get("inputs_embeds")
+        if states is None and kwargs.get("encoder_outputs") is not None:
+            states = kwargs["encoder_outputs"][0]
+        if states is None:
+            return None
+        return torch.full((states.shape[0],), states.shape[1], dtype=torch.long, device=states.device)
+
+    def _update_finished_beams(self, **kwargs):
+        # GNMT: finished hypotheses are ranked by log P(Y) / ((5 + |Y|) / 6)^alpha; HF would divide by |Y|^alpha.
+        alpha = kwargs["length_penalty"]
+        if isinstance(alpha, GnmtAlpha):
+            length = kwargs["cur_len"] + 1 - kwargs["decoder_prompt_len"]
+            kwargs["topk_log_probs"] = kwargs["topk_log_probs"] / gnmt_length_penalty(length, float(alpha))
+            kwargs["length_penalty"] = 0.0
+        return super()._update_finished_beams(**kwargs)
+
+    def _check_early_stop_heuristic(self, **kwargs):
+        # The same bound as HF's, with GNMT's penalty: for early_stopping="never" the best a running hypothesis can
+        # still reach is its score divided by lp(longest allowed length), as in tensor2tensor's `stop_early`.
+        alpha = kwargs["length_penalty"]
+        if isinstance(alpha, GnmtAlpha):
+            longest = kwargs["early_stopping"] == "never" and alpha > 0.0
+            length = (kwargs["max_length"] if longest else kwargs["cur_len"]) - kwargs["decoder_prompt_len"]
+            kwargs["running_beam_scores"] = kwargs["running_beam_scores"] / gnmt_length_penalty(length, float(alpha))
+            kwargs["length_penalty"] = 0.0
+        return GenerationMixin._check_early_stop_heuristic(**kwargs)
+
+
+def _check_decoding_arguments(num_beams, relative_max_length, length_penalty_type) -> None:
+    """Raise a ValueError naming the value when one of generate()'s arguments is out of its range."""
+    if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
+        raise ValueError(
+            f"num_beams={num_beams!r} is invalid; expected an integer >= 1 (1: greedy search or sampling, more: "
+            "beam search)."
+        )
+    if length_penalty_type not in LENGTH_PENALTY_TYPES:
+        raise ValueError(
+            f"length_penalty_type={length_penalty_type!r} is invalid; expected one of {LENGTH_PENALTY_TYPES}."
+        )
+    if relative_max_length is not None and (
+        isinstance(relative_max_length, bool) or not isinstance(relative_max_length, int) or relative_max_length < 0
+    ):
+        raise ValueError(f"relative_max_length={relative_max_length!r} is invalid; expected None or an integer >= 0.")
+
+
+def default_generation_config(config) -> GenerationConfig:
+    """The paper's decoding (§6.1) as the default of every new and saved model.
+
+    Beam search with 4 beams; hypotheses ranked by log P(Y) / lp(Y) with GNMT's lp(Y) = ((5 + |Y|) / 6)^0.6
+    (`length_penalty_type="gnmt"`, `length_penalty=0.6`); at most input length + 50 tokens per sentence
+    (`relative_max_length=50`); a sentence's search ends once it has 4 finished hypotheses (`early_stopping=True`).
+    """
+    return GenerationConfig(
+        num_beams=4,
+        length_penalty=0.6,
+        length_penalty_type="gnmt",
+        relative_max_length=50,
+        early_stopping=True,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        decoder_start_token_id=config.decoder_start_token_id,
+    )

@@ -1,0 +1,39 @@
+"""Input checks of the Vanilla Transformer, and where they step aside.
+
+Every check names the received value and what was expected. The checks read tensor values on the host, so under
+`torch.compile` (`_eager()` is False) they step aside: `generate()` checks its inputs once per call, outside the
+compiled decoding step. Imported relatively by the modeling file, and copied beside it by `save_pretrained`.
+"""
+
+import torch
+
+
+def _eager() -> bool:
+    """False while `torch.compile` traces the model. The input checks and the padding skip read tensor values on the
+    host, which a compiled graph cannot do without breaking; there they step aside: the dense computation gives the
+    same outputs, and `generate()` checks its inputs once per call, outside the compiled decoding step."""
+    return not torch.compiler.is_compiling()
+
+
+def _check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow: tuple[int, ...] = ()) -> None:
+    """Raise a ValueError naming `name` when `ids` is empty, not 2-D, or holds an id outside [0, vocab_size)."""
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (batch, length); got shape {tuple(ids.shape)}.")
+    if ids.numel() == 0:
+        raise ValueError(
+            f"{name} is empty (shape {tuple(ids.shape)}); expected at least one sequence of at least one token."
+        )
+    if ids.is_floating_point():
+        raise ValueError(f"{name} must hold integer token ids; got dtype {ids.dtype}.")
+    bad = (ids < 0) | (ids >= vocab_size)
+    for value in allow:
+        bad &= ids != value
+    if bad.any():
+        value = ids[bad][0].item()
+        raise ValueError(f"{name} holds token id {value}, outside the vocabulary [0, {vocab_size}).")
+
+
+def _check_mask(name: str, mask: torch.Tensor | None, expected: tuple[int, ...]) -> None:
+    """Raise a ValueError naming `name` when a 2-D padding mask does not have the `expected` shape."""
+    if mask is not None and mask.dim() == 2 and tuple(mask.shape) != expected:
+        raise ValueError(f"{name} has shape {tuple(mask.shape)}; expected {expected} to match the token ids.")
