@@ -12,6 +12,7 @@ from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, Seq2Se
 from transformers.generation import CompileConfig
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.inference import compile_pays, translate
 
 from conftest import PAD, random_ids, tiny_model
 
@@ -225,3 +226,23 @@ def test_trainer_with_torch_compile_trains_with_the_eager_losses(tmp_path):
     compiled = trainer_losses(tmp_path, torch_compile=True)
     assert len(eager) == 6 and eager[-1] < eager[0] - 0.2, eager
     assert compiled == pytest.approx(eager, rel=1e-4, abs=1e-4)
+
+
+def test_translate_compiles_only_where_it_pays():
+    assert compile_pays("auto", "cpu", 11_000) and not compile_pays("auto", "cpu", 10_999)
+    assert not compile_pays("auto", "cuda", 10**6)  # not measured on a GPU: stays eager
+    assert compile_pays("always", "cpu", 1) and not compile_pays("never", "cpu", 10**6)
+    with pytest.raises(ValueError, match="compile='sometimes' is invalid"):
+        compile_pays("sometimes", "cpu", 1)
+
+
+@pytest.mark.slow
+def test_translate_gives_the_same_sentences_compiled_and_leaves_the_model_eager():
+    words = [f"w{i}" for i in range(40)]
+    tokenizer = word_tokenizer(words)
+    model = tiny_model(seed=3, vocab_size=len(tokenizer))
+    sentences = ["w1 w2 w3", "", "w5 w9 w7 w3 w2 w1", "w30", "w12 w13 w14 w15"]
+    eager = translate(model, tokenizer, sentences, max_tokens=12, progress=False, compile="never", num_beams=2)
+    compiled = translate(model, tokenizer, sentences, max_tokens=12, progress=False, compile="always", num_beams=2)
+    assert compiled == eager and eager[1] == "" and sum(map(bool, eager)) >= 3
+    assert "forward" not in model.__dict__  # the class's forward again
