@@ -5,12 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import evaluate
 import numpy as np
-
-from .runtime import import_library
-
-
-evaluate = import_library("evaluate")  # not scripts/evaluate.py, which `python scripts/...` puts first on sys.path
 
 
 METRIC_PATH = Path(__file__).with_name("bleu_metric.py")

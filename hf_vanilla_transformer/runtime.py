@@ -1,4 +1,4 @@
-"""Process-level settings: a caching memory allocator for CPU training, and library imports that scripts cannot shadow.
+"""Process-level settings: a caching memory allocator for CPU training.
 
 A training step frees and re-allocates the same large buffers (activations, logits, attention scores) of
 ever-changing sizes. glibc's allocator returns them to the kernel and fragments its heap: on the 2-core machine
@@ -49,22 +49,3 @@ def use_fast_allocator() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environment)
-
-
-def import_library(name: str):
-    """`import name`, the installed library, even when the folder of the running script holds a `name.py`.
-
-    `python scripts/x.py` puts `scripts/` first on `sys.path`, where `scripts/evaluate.py` would shadow the
-    `evaluate` library that BLEU needs (and, run itself, import itself). That folder is left out for this import.
-    """
-    import importlib
-
-    script_folder = Path(sys.argv[0]).resolve().parent if sys.argv and sys.argv[0] else None
-    if name in sys.modules or script_folder is None or not (script_folder / f"{name}.py").exists():
-        return importlib.import_module(name)
-    saved = list(sys.path)
-    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != script_folder]
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path[:] = saved

@@ -228,17 +228,17 @@ def assert_one_line_error(result, *needles: str) -> None:
         assert needle in message, message
 
 
-def test_evaluate_script_names_the_file_and_line_of_a_bad_tsv(model_folder, tmp_path):
+def test_score_script_names_the_file_and_line_of_a_bad_tsv(model_folder, tmp_path):
     data = tmp_path / "pairs.tsv"
     data.write_text("Tools\tExtras\nno tab on this line\nOpen\tÖffnen\n", encoding="utf-8")
-    result = run_script("evaluate.py", model_folder, "--data_files", data, timeout=300)
+    result = run_script("score.py", model_folder, "--data_files", data, timeout=300)
     assert_one_line_error(result, "pairs.tsv:2", "1 tab-separated fields", "exactly 2", "no tab on this line")
 
 
-def test_evaluate_script_names_a_missing_model_folder(tmp_path):
+def test_score_script_names_a_missing_model_folder(tmp_path):
     data = tmp_path / "pairs.tsv"
     data.write_text("Tools\tExtras\n", encoding="utf-8")
-    result = run_script("evaluate.py", tmp_path / "no_such_model", "--data_files", data, timeout=300)
+    result = run_script("score.py", tmp_path / "no_such_model", "--data_files", data, timeout=300)
     assert_one_line_error(result, "no_such_model", "does not exist", "model folder")
 
 
@@ -257,7 +257,7 @@ def exit_message(monkeypatch, script: str, *args, stdin: bytes | None = None) ->
 def test_the_scripts_end_bad_input_with_one_line_naming_it(model_folder, tmp_path, monkeypatch):
     missing = tmp_path / "missing.txt"
     assert "missing.txt does not exist" in exit_message(monkeypatch, "translate.py", model_folder, "--input", missing)
-    assert "missing.txt" in exit_message(monkeypatch, "evaluate.py", model_folder, "--data_files", missing)
+    assert "missing.txt" in exit_message(monkeypatch, "score.py", model_folder, "--data_files", missing)
     binary = tmp_path / "latin1.txt"
     binary.write_bytes("Tools\nÖffnen\n".encode("latin-1"))
     message = exit_message(monkeypatch, "translate.py", model_folder, "--input", binary)
@@ -270,5 +270,5 @@ def test_the_scripts_end_bad_input_with_one_line_naming_it(model_folder, tmp_pat
     assert "Cannot load a model and its tokenizer from" in message and str(tmp_path) in message
     jsonl = tmp_path / "pairs.jsonl"
     jsonl.write_text('{"source": "a", "target": "b"}\n{"source": "a",\n', encoding="utf-8")
-    message = exit_message(monkeypatch, "evaluate.py", model_folder, "--data_files", jsonl)
+    message = exit_message(monkeypatch, "score.py", model_folder, "--data_files", jsonl)
     assert "pairs.jsonl:2 is not JSON" in message and "one object per line" in message

@@ -251,10 +251,9 @@ def test_the_progress_rate_leaves_validation_and_checkpoint_time_out(monkeypatch
     assert len(lines) == 2 and all("| 500 source tok/s |" in line for line in lines), lines
 
 
-def test_the_evaluate_and_translate_scripts_read_a_trained_folder(trained_folder, tmp_path):
-    """Run from scripts/, next to scripts/evaluate.py: the `evaluate` library must still be the one imported."""
+def test_the_score_and_translate_scripts_read_a_trained_folder(trained_folder, tmp_path):
     output, _ = trained_folder
-    scored = run_script("evaluate.py", output, "--data_files", OTHER_40, "--num_beams", "1")
+    scored = run_script("score.py", output, "--data_files", OTHER_40, "--num_beams", "1")
     assert scored.returncode == 0, scored.stderr[-3000:]
     summary = json.loads(scored.stdout)
     assert summary["pairs"] == 40 and "nrefs:1" in summary["signature"]

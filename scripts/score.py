@@ -1,10 +1,10 @@
 """Score a trained model folder with sacreBLEU and chrF on a test split or on your own files.
 
 Usage:
-    python scripts/evaluate.py MODEL_DIR                       # the LibreOffice help EN-DE test split
-    python scripts/evaluate.py MODEL_DIR --dataset libreoffice-ui --split test
-    python scripts/evaluate.py MODEL_DIR --data_files test.tsv   # or src.txt,ref.txt
-    python scripts/evaluate.py MODEL_DIR --tokenized_bleu --num_beams 1 --output hypotheses.txt
+    python scripts/score.py MODEL_DIR                       # the LibreOffice help EN-DE test split
+    python scripts/score.py MODEL_DIR --dataset libreoffice-ui --split test
+    python scripts/score.py MODEL_DIR --data_files test.tsv   # or src.txt,ref.txt
+    python scripts/score.py MODEL_DIR --tokenized_bleu --num_beams 1 --output hypotheses.txt
 
 Prints sacreBLEU with its signature, chrF, and (with --tokenized_bleu) the paper-style tokenized BLEU. A bad data
 file (its file, line and what was expected) or a missing model folder ends the script with one line on standard
@@ -49,7 +49,7 @@ def main() -> None:
             pairs = corpus[args.split]
         model, tokenizer = load_translator(args.model, args.device)
     except (OSError, ValueError, CorpusError) as error:
-        raise SystemExit(f"evaluate.py: {error}") from None
+        raise SystemExit(f"score.py: {error}") from None
 
     # 2. Translate, score, report.
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
