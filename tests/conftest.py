@@ -1,13 +1,18 @@
-"""Shared fixtures: tiny configs and models, seeded, dropout off unless a test turns it on."""
+"""Shared fixtures and helpers: tiny configs and models (seeded, dropout off unless a test turns it on), a word-level
+tokenizer, the fixtures folder, the script and no-package subprocess runners, the losses a Trainer logged."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
@@ -66,3 +71,38 @@ def trained_folder(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return output, result
+
+
+def run_without_package(script: str, tmp_path, **env) -> subprocess.CompletedProcess:
+    """Run `script` in a new interpreter in which `import hf_vanilla_transformer` fails."""
+    guard = "import sys\nsys.modules['hf_vanilla_transformer'] = None  # the package is not importable\n"
+    environment = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf_home"),  # remote-code modules are copied here, not into ~/.cache
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": "",
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, "-c", guard + textwrap.dedent(script)],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+    """A real fast tokenizer over a fixed word list, ids 0-3 for <s> <pad> </s> <unk>."""
+    vocab = {token: i for i, token in enumerate(["<s>", "<pad>", "</s>", "<unk>", *words])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def logged_losses(log_history: list[dict]) -> list[float]:
+    """The training losses a `Trainer` logged (its `state.log_history`), in order."""
+    return [entry["loss"] for entry in log_history if "loss" in entry]

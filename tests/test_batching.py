@@ -34,7 +34,7 @@ def test_every_pair_once_per_epoch_and_epochs_differ():
         assert len(batches) == len(sampler)
         assert sorted(i for b in batches for i in b) == list(range(len(source)))
         epochs.append(batches)
-    assert epochs[0] != epochs[1] != epochs[2]
+    assert epochs[0] != epochs[1] and epochs[1] != epochs[2] and epochs[0] != epochs[2]
     sampler.set_epoch(1)
     assert list(sampler) == epochs[1]  # deterministic given (seed, epoch)
     assert list(TokenBudgetBatchSampler(source, target, max_tokens=400, seed=3)) == epochs[0]

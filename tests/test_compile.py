@@ -7,14 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 from datasets import Dataset
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.generation import CompileConfig
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.inference import compile_pays, translate
 
-from conftest import PAD, random_ids, tiny_model
+from conftest import PAD, logged_losses, random_ids, tiny_model, word_tokenizer
 
 
 DECODINGS = {
@@ -171,15 +170,6 @@ def test_a_custom_4d_mask_gives_what_the_2d_padding_mask_gives_eager_and_compile
     torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
 
 
-def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
-    vocab = {token: i for i, token in enumerate(["<s>", "<pad>", "</s>", "<unk>", *words])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
-
-
 def trainer_losses(tmp_path, torch_compile: bool) -> list[float]:
     """Losses of 6 updates of a tiny model (same seed, data and order) through the real Seq2SeqTrainer."""
     words = [f"w{i}" for i in range(40)]
@@ -217,7 +207,7 @@ def trainer_losses(tmp_path, torch_compile: bool) -> list[float]:
         processing_class=tokenizer,
     )
     trainer.train()
-    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return logged_losses(trainer.state.log_history)
 
 
 @pytest.mark.slow

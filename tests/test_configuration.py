@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from hf_vanilla_transformer import PRESETS, VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
 
 def test_defaults_are_the_paper_base_model():
@@ -47,6 +47,15 @@ def test_options_beyond_the_paper_are_single_fields():
         d_v=48,
     )
     assert config.head_dims(8) == (32, 48)
+    # Each option is one field, and each reaches the model it builds.
+    model = VanillaTransformerForConditionalGeneration(config)
+    layer = model.model.encoder.layers[0]
+    assert type(layer).__name__ == "VanillaTransformerPreLNEncoderLayer"
+    assert model.model.encoder.layer_norm is not None  # pre-LN ends each stack with a LayerNorm
+    assert model.model.encoder.embed_positions.weight.shape == (512, 512)
+    assert layer.self_attn.q_proj.out_features == 8 * 32 and layer.self_attn.v_proj.out_features == 8 * 48
+    assert model.lm_head.weight.data_ptr() != model.model.shared.weight.data_ptr()  # untied output projection
+    assert config.sinusoid_layout == "concat"
 
 
 @pytest.mark.parametrize(
@@ -87,7 +96,12 @@ def test_invalid_values_raise_value_error_naming_them(field, value):
 def test_learned_positions_need_a_maximum():
     with pytest.raises(ValueError, match="max_position_embeddings=None"):
         VanillaTransformerConfig(position_embedding_type="learned")
-    assert VanillaTransformerConfig(position_embedding_type="learned", max_position_embeddings=256)
+    config = VanillaTransformerConfig(position_embedding_type="learned", max_position_embeddings=256)
+    assert (config.position_embedding_type, config.max_position_embeddings) == ("learned", 256)
+    model = VanillaTransformerForConditionalGeneration(
+        VanillaTransformerConfig.from_preset("tiny", position_embedding_type="learned", max_position_embeddings=16)
+    )
+    assert model.model.encoder.embed_positions.weight.shape == (16, 32)
 
 
 def test_heads_need_not_divide_d_model_with_explicit_head_sizes():

@@ -10,7 +10,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration, gnmt_length_penalty
 
-from conftest import BOS, EOS, PAD, random_ids, tiny_model
+from conftest import BOS, EOS, PAD, random_ids, run_without_package, tiny_model
 
 
 def sequence_log_prob(model, source: torch.Tensor, sequence: torch.Tensor) -> tuple[float, int]:
@@ -187,10 +187,15 @@ def test_greedy_sampling_and_other_beams_per_call():
             step = torch.cat([step, logits.argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(greedy, step)
     torch.manual_seed(0)
-    sampled = model.generate(sources, do_sample=True, num_beams=1, max_new_tokens=6)
-    assert sampled.shape == (3, 7)
-    wide = model.generate(sources, num_beams=8, num_return_sequences=8, max_new_tokens=6)
-    assert wide.shape[0] == 24
+    sampled = model.generate(sources, do_sample=True, num_beams=1, max_new_tokens=6, top_k=1)
+    assert torch.equal(sampled, greedy)  # sampling from the single most likely token is greedy search
+    wide = model.generate(
+        sources, num_beams=8, num_return_sequences=8, max_new_tokens=6, output_scores=True, return_dict_in_generate=True
+    )
+    assert wide.sequences.shape[0] == 24
+    scores = wide.sequences_scores.view(3, 8)
+    assert torch.all(scores[:, :-1] >= scores[:, 1:])  # each sentence's 8 hypotheses, best first
+    assert len({tuple(row.tolist()) for row in wide.sequences[:8]}) == 8  # 8 different hypotheses
 
 
 def test_relative_max_length_is_checked():
@@ -267,8 +272,6 @@ def test_assisted_decoding_with_the_model_as_its_own_assistant():
 
 
 def test_save_load_and_remote_code_keep_the_defaults(tmp_path):
-    from test_remote_code import run_without_package
-
     model = tiny_model(seed=2)
     folder = tmp_path / "model"
     model.save_pretrained(folder)

@@ -3,37 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 
 from hf_vanilla_transformer.hub import REMOTE_CODE_FILES
 
-from conftest import PAD, random_ids, tiny_model
-
-
-def run_without_package(script: str, tmp_path, **env) -> subprocess.CompletedProcess:
-    """Run `script` in a new interpreter in which `import hf_vanilla_transformer` fails."""
-    guard = "import sys\nsys.modules['hf_vanilla_transformer'] = None  # the package is not importable\n"
-    environment = {
-        **os.environ,
-        "HF_HOME": str(tmp_path / "hf_home"),  # remote-code modules are copied here, not into ~/.cache
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": "",
-        **env,
-    }
-    return subprocess.run(
-        [sys.executable, "-c", guard + textwrap.dedent(script)],
-        cwd=tmp_path,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+from conftest import PAD, random_ids, run_without_package, tiny_model
 
 
 def test_remote_code_load_gives_identical_outputs(tmp_path):

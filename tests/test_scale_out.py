@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from hf_vanilla_transformer.averaging import checkpoint_folders
 from hf_vanilla_transformer.training import CheckpointError, validate_checkpoint
 
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, logged_losses
 
 
 FIXTURE = str(FIXTURES / "libreoffice_help_en_de_200.tsv")
@@ -287,7 +287,7 @@ def assert_learns_in(precision: str, output: Path, use_cpu: bool) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((output / "precision.json").read_text()) == {"mixed_precision": precision}
     state = json.loads((output / "checkpoint-40" / "trainer_state.json").read_text())
-    losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+    losses = logged_losses(state["log_history"])
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0] - 0.5, losses
 

@@ -30,8 +30,7 @@ from hf_vanilla_transformer.plots import (
     plot_training_curves,
 )
 
-from conftest import run_script, tiny_model
-from test_remote_code import run_without_package
+from conftest import run_script, run_without_package, tiny_model
 
 
 EXPECTED_UPLOAD = {

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from datasets import Dataset, DatasetDict
 
@@ -16,8 +14,10 @@ from hf_vanilla_transformer.tokenization import (
     train_bpe_tokenizer,
 )
 
+from conftest import FIXTURES
 
-FIXTURE = Path(__file__).parent / "fixtures" / "libreoffice_help_en_de_200.tsv"
+
+FIXTURE = FIXTURES / "libreoffice_help_en_de_200.tsv"
 
 
 @pytest.fixture(scope="module")

@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 from datasets import Dataset
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     DataCollatorForSeq2Seq,
-    PreTrainedTokenizerFast,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
 )
 
-from conftest import tiny_model
-
-
-def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
-    """A real fast tokenizer over a fixed word list, ids 0-3 for <s> <pad> </s> <unk>."""
-    vocab = {token: i for i, token in enumerate(["<s>", "<pad>", "</s>", "<unk>", *words])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
+from conftest import logged_losses, tiny_model, word_tokenizer
 
 
 def test_seq2seq_trainer_runs_and_the_loss_falls(tmp_path):
@@ -60,6 +48,6 @@ def test_seq2seq_trainer_runs_and_the_loss_falls(tmp_path):
         processing_class=tokenizer,
     )
     trainer.train()
-    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    losses = logged_losses(trainer.state.log_history)
     assert len(losses) == 5
     assert losses[-1] < losses[0] - 0.2, losses

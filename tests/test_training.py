@@ -24,7 +24,7 @@ from hf_vanilla_transformer.training import (
     prepare_run,
 )
 
-from conftest import FIXTURES, run_script, tiny_model
+from conftest import FIXTURES, logged_losses, run_script, tiny_model
 
 
 TRAIN_200 = str(FIXTURES / "libreoffice_help_en_de_200.tsv")
@@ -122,7 +122,7 @@ def test_a_short_run_on_a_small_slice_conditions_on_the_source(tmp_path):
     that outputs one fluent sentence for every input (a decoder-only language model of the targets)."""
     trainer, tokenizer, corpus = prepare_run(_recipe(), _args(tmp_path))
     trainer.train()
-    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    losses = logged_losses(trainer.state.log_history)
     assert losses[-1] < losses[0] / 3
     pairs = corpus["train"]
     sources, references = list(pairs["source"]), list(pairs["target"])
@@ -156,7 +156,7 @@ def test_a_saved_model_fine_tunes_on_other_pairs(tmp_path):
     assert trainer.model.config.vocab_size == 1000  # the saved model's vocabulary and tokenizer, not new ones
     assert tokenizer("Save")["input_ids"] == trainer.processing_class("Save")["input_ids"]
     trainer.train()
-    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    losses = logged_losses(trainer.state.log_history)
     assert losses[-1] < losses[0] - 0.5, losses
 
 
@@ -219,13 +219,20 @@ def test_the_main_jobs_recipe_averages_the_last_third_of_any_run_length(tmp_path
     check_schedule_arguments(args)
     for steps in (300, 1700, 2100, 5400):
         warmup, save, evaluate = schedule_for(
-            steps, args.warmup_steps, recipe.checkpoints_per_run, recipe.evaluations_per_run, args.save_steps, None,
+            steps,
+            args.warmup_steps,
+            recipe.checkpoints_per_run,
+            recipe.evaluations_per_run,
+            args.save_steps,
+            None,
             recipe.max_warmup_fraction,
         )
         assert warmup == min(1000, round(0.35 * steps))
         assert evaluate % save == 0  # validation where a checkpoint is written
         saved = [*range(save, steps, save), steps]
-        chosen = choose_checkpoints([Path(f"checkpoint-{s}") for s in saved], recipe.average_last, recipe.average_window)
+        chosen = choose_checkpoints(
+            [Path(f"checkpoint-{s}") for s in saved], recipe.average_last, recipe.average_window
+        )
         first = int(chosen[0].name.split("-")[1])
         assert len(chosen) >= 4 and first >= 0.66 * steps, (steps, chosen)
 
