@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
@@ -106,3 +107,37 @@ def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
 def logged_losses(log_history: list[dict]) -> list[float]:
     """The training losses a `Trainer` logged (its `state.log_history`), in order."""
     return [entry["loss"] for entry in log_history if "loss" in entry]
+
+
+def train_on_reversal(model, tokenizer, dataset, output_dir, **args) -> list[float]:
+    """Train `model` on `reversal_task()`'s dataset through the real Seq2SeqTrainer and DataCollatorForSeq2Seq, at a
+    constant learning rate of 3e-3, on the CPU, logging every update; `args` add to or override the training
+    arguments (max_steps, batch size, seed, torch_compile, ...). Returns the logged losses."""
+    defaults = dict(learning_rate=3e-3, lr_scheduler_type="constant", logging_steps=1, save_strategy="no")
+    arguments = Seq2SeqTrainingArguments(
+        output_dir=str(output_dir), report_to=[], use_cpu=True, disable_tqdm=True, **{**defaults, **args}
+    )
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model)
+    trainer = Seq2SeqTrainer(
+        model=model, args=arguments, train_dataset=dataset, data_collator=collator, processing_class=tokenizer
+    )
+    trainer.train()
+    return logged_losses(trainer.state.log_history)
+
+
+def reversal_task(words: int = 40, pairs: int = 16):
+    """(word tokenizer, tokenized dataset) of a toy task a tiny model learns in a few updates: `pairs` sentences of
+    3-6 words `w0 w1 ...`, each to be reversed; labels end with </s>."""
+    vocabulary = [f"w{i}" for i in range(words)]
+    tokenizer = word_tokenizer(vocabulary)
+    sources = [" ".join(vocabulary[i : i + 3 + i % 4]) for i in range(pairs)]
+    targets = [" ".join(reversed(source.split())) for source in sources]
+
+    def encode(batch):
+        features = tokenizer(batch["source"], add_special_tokens=False)
+        labels = tokenizer(batch["target"], add_special_tokens=False)["input_ids"]
+        features["labels"] = [[*ids, tokenizer.eos_token_id] for ids in labels]
+        return features
+
+    dataset = Dataset.from_dict({"source": sources, "target": targets}).map(encode, batched=True)
+    return tokenizer, dataset.remove_columns(["source", "target"])

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from datasets import Dataset
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.generation import CompileConfig
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.inference import compile_pays, translate
 
-from conftest import PAD, logged_losses, random_ids, tiny_model, word_tokenizer
+from conftest import PAD, random_ids, reversal_task, tiny_model, train_on_reversal
 
 
 DECODINGS = {
@@ -172,42 +170,19 @@ def test_a_custom_4d_mask_gives_what_the_2d_padding_mask_gives_eager_and_compile
 
 def trainer_losses(tmp_path, torch_compile: bool) -> list[float]:
     """Losses of 6 updates of a tiny model (same seed, data and order) through the real Seq2SeqTrainer."""
-    words = [f"w{i}" for i in range(40)]
-    tokenizer = word_tokenizer(words)
+    tokenizer, dataset = reversal_task()
     model = tiny_model(seed=1, vocab_size=len(tokenizer)).train()
-    sources = [" ".join(words[i : i + 3 + i % 4]) for i in range(16)]
-    targets = [" ".join(reversed(s.split())) for s in sources]
-
-    def encode(batch):
-        features = tokenizer(batch["source"], add_special_tokens=False)
-        labels = tokenizer(batch["target"], add_special_tokens=False)["input_ids"]
-        features["labels"] = [[*ids, tokenizer.eos_token_id] for ids in labels]
-        return features
-
-    dataset = Dataset.from_dict({"source": sources, "target": targets}).map(encode, batched=True)
-    args = Seq2SeqTrainingArguments(
-        output_dir=str(tmp_path / f"compile-{torch_compile}"),
+    output = tmp_path / f"compile-{torch_compile}"
+    return train_on_reversal(
+        model,
+        tokenizer,
+        dataset,
+        output,
         max_steps=6,
         per_device_train_batch_size=8,
-        learning_rate=3e-3,
-        lr_scheduler_type="constant",
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
         seed=3,
         torch_compile=torch_compile,
     )
-    trainer = Seq2SeqTrainer(
-        model=model,
-        args=args,
-        train_dataset=dataset.remove_columns(["source", "target"]),
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
-        processing_class=tokenizer,
-    )
-    trainer.train()
-    return logged_losses(trainer.state.log_history)
 
 
 @pytest.mark.slow
@@ -228,8 +203,7 @@ def test_translate_compiles_only_where_it_pays():
 
 @pytest.mark.slow
 def test_translate_gives_the_same_sentences_compiled_and_leaves_the_model_eager():
-    words = [f"w{i}" for i in range(40)]
-    tokenizer = word_tokenizer(words)
+    tokenizer, _ = reversal_task()
     model = tiny_model(seed=3, vocab_size=len(tokenizer))
     sentences = ["w1 w2 w3", "", "w5 w9 w7 w3 w2 w1", "w30", "w12 w13 w14 w15"]
     eager = translate(model, tokenizer, sentences, max_tokens=12, progress=False, compile="never", num_beams=2)
