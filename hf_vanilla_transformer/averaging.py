@@ -3,45 +3,21 @@
 from __future__ import annotations
 
 import math
-import re
 import shutil
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from .checkpoints import COMPLETE, checkpoint_folders, checkpoint_step  # noqa: F401 (COMPLETE: its old import path)
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
 
-CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-COMPLETE = ".complete"  # written last, after every process has finished writing (see TransformerTrainer)
-HF_COMPLETE_MARKERS = ("model.safetensors", "trainer_state.json")
 # Average only over the last third of a run (a 5,400-update run saved every 450 averages updates 3,600-5,400) and
 # never a checkpoint whose validation loss is more than 2% above the last one's.
 AVERAGE_WINDOW = 1 / 3
 WORSE_THAN_LAST = 0.02
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def checkpoint_folders(output_dir: str | Path) -> list[Path]:
-    """Complete `checkpoint-<step>` folders of a run, oldest first.
-
-    Runs of this package mark a checkpoint complete with a `.complete` file written after everything else, so a
-    checkpoint interrupted while being written is never taken for a complete one. For a run made by another
-    trainer (no marker anywhere), a folder with weights and `trainer_state.json` counts as complete."""
-    output_dir = Path(output_dir)
-    if not output_dir.is_dir():
-        return []
-    found = []
-    for path in output_dir.iterdir():
-        match = CHECKPOINT.match(path.name)
-        if match and path.is_dir():
-            found.append((int(match.group(1)), path))
-    found.sort()
-    marked = [path for _, path in found if (path / COMPLETE).exists()]
-    if marked:
-        return marked
-    return [path for _, path in found if all((path / name).exists() for name in HF_COMPLETE_MARKERS)]
 
 
 def average_state_dicts(paths: list[str | Path]) -> dict[str, torch.Tensor]:
@@ -124,13 +100,6 @@ def choose_checkpoints(
             continue
         chosen.append(folder)
     return chosen
-
-
-def checkpoint_step(folder: Path) -> int:
-    match = CHECKPOINT.match(Path(folder).name)
-    if match is None:
-        raise ValueError(f"{folder} is not a checkpoint-<step> folder.")
-    return int(match.group(1))
 
 
 def validation_losses(log_history: list[dict]) -> dict[int, float]:

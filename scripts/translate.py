@@ -3,6 +3,7 @@
 Usage:
     python scripts/translate.py MODEL_DIR < input.en > output.de
     python scripts/translate.py MODEL_DIR --input input.en --output output.de --num_beams 4 --max_tokens 4000
+    python scripts/translate.py CT2_DIR --engine ctranslate2 < input.en   # a folder from scripts/export.py
 
 Sentences are batched by length (longest first) and written back in input order; an empty or blank line gives an
 empty line without running the model. Decoding uses the model's generation config (the paper's beam 4, GNMT length
@@ -19,12 +20,19 @@ from pathlib import Path
 import torch
 
 from hf_vanilla_transformer.data import decode_text, read_text
+from hf_vanilla_transformer.export import CTranslate2Translator
 from hf_vanilla_transformer.inference import COMPILE_CHOICES, load_translator, translate
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="model folder (or Hub id) with its tokenizer")
+    parser.add_argument("model", help="model folder (or Hub id) with its tokenizer; a CTranslate2 export with --engine")
+    parser.add_argument(
+        "--engine",
+        choices=["torch", "ctranslate2"],
+        default="torch",
+        help="torch: this package's generate(); ctranslate2: a folder written by scripts/export.py",
+    )
     parser.add_argument("--input", help="input file (default: standard input)")
     parser.add_argument("--output", help="output file (default: standard output)")
     parser.add_argument("--num_beams", type=int, help="beam size (default: the model's, 4)")
@@ -44,17 +52,23 @@ def main() -> None:
         if args.output and not Path(args.output).absolute().parent.is_dir():
             raise FileNotFoundError(f"the folder of --output {args.output} does not exist")
         text = read_text(args.input) if args.input else decode_text(sys.stdin.buffer.read(), "<stdin>")
-        model, tokenizer = load_translator(args.model, args.device)
+        if args.engine == "ctranslate2":
+            engine = CTranslate2Translator(args.model, device=args.device)
+        else:
+            model, tokenizer = load_translator(args.model, args.device)
     except (OSError, ValueError) as error:
         raise SystemExit(f"translate.py: {error}") from None
     lines = [line.rstrip("\n") for line in io.StringIO(text, newline=None)]  # one sentence per line, as `open`
 
     # 2. Translate and write in input order.
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
-    progress = sys.stderr.isatty()
-    outputs = translate(
-        model, tokenizer, lines, max_tokens=args.max_tokens, progress=progress, compile=args.compile, **kwargs
-    )
+    if args.engine == "ctranslate2":
+        outputs = engine.translate(lines, **kwargs)
+    else:
+        progress = sys.stderr.isatty()
+        outputs = translate(
+            model, tokenizer, lines, max_tokens=args.max_tokens, progress=progress, compile=args.compile, **kwargs
+        )
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as handle:

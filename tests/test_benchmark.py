@@ -56,15 +56,10 @@ def test_benchmark_reports_every_case_and_ratio(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(output.read_text())["sizes"]["toy"]
-    assert set(figures["ratios"]) == {
-        "train_labels",
-        "train_logits",
-        "train_compiled",
-        "greedy",
-        "beam4",
-        "peak_memory",
-    }
-    assert set(figures["ratios"]["greedy"]) == {"ours", "ours_compiled", "marian_compiled"}
+    assert set(figures["ratios"]) == {"train_labels", "train_logits", "greedy", "beam4", "peak_memory"}
+    for case in ("train_labels", "greedy", "beam4"):
+        assert set(figures["ratios"][case]) == {"ours", "ours_compiled", "marian_compiled"}
+    assert set(figures["ratios"]["train_logits"]) == {"ours"}
     assert all(value > 0 for ratios in figures["ratios"].values() for value in ratios.values())
     assert 0 < figures["cases"]["train_labels"]["ours"]["mfu"] < 1
     assert figures["cases"]["beam4"]["ours_compiled"]["compile_warmup_seconds"] > 0

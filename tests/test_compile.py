@@ -120,6 +120,7 @@ def training_batch() -> dict[str, torch.Tensor]:
     return {"input_ids": sources, "attention_mask": mask, "labels": labels}
 
 
+@pytest.mark.slow  # a cold compilation of the forward and backward graphs: about 35 s on 2 cores
 def test_the_training_forward_compiles_with_fullgraph_and_gives_the_eager_loss_and_gradients(compiled_model):
     """Compiled, the model computes the dense path (no padding skip, full logits); the loss and every gradient
     equal the eager path's, which skips padding and never builds the logits."""

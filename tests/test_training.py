@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import TrainerState
 
-from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration, training
+from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer import trainer as trainer_module
 from hf_vanilla_transformer.averaging import average_checkpoints, average_last_checkpoints, checkpoint_folders
 from hf_vanilla_transformer.inference import evaluate_translations
 from hf_vanilla_transformer.training import (
@@ -241,7 +242,7 @@ def test_the_progress_rate_leaves_validation_and_checkpoint_time_out(monkeypatch
     """5,000 source tokens per 10 s of training on both lines, though 40 s of validation and checkpoint writing
     (which train on nothing) lie between them."""
     clock = [100.0]
-    monkeypatch.setattr(training.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(trainer_module.time, "monotonic", lambda: clock[0])
     callback = TrainingProgressCallback()
     state = TrainerState(max_steps=10, is_world_process_zero=True, num_input_tokens_seen=0)
     callback.on_train_begin(None, state, None)

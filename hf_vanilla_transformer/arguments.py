@@ -1,0 +1,199 @@
+"""The arguments of a training run: the model, data and recipe fields (`ModelDataArguments`), the paper's optimizer
+defaults on top of `Seq2SeqTrainingArguments` (`TransformerTrainingArguments`), and their checks."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from transformers import (
+    Seq2SeqTrainingArguments,
+)
+
+from .averaging import AVERAGE_WINDOW
+from .budget import (
+    cpu_has_fast_bf16,  # noqa: F401 (its import path before budget.py)
+)
+from .configuration_vanilla_transformer import PRESETS
+
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelDataArguments:
+    """What to train and on what: model size, corpus, vocabulary, sequence limits."""
+
+    preset: str = field(default="small", metadata={"help": f"Model size: one of {sorted(PRESETS)}."})
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Fine-tune this saved model (folder or Hub id) with its own tokenizer instead of a preset."},
+    )
+    dataset: str = field(
+        default="libreoffice-help",
+        metadata={"help": "libreoffice-help (default), libreoffice-ui, or wmt14 (needs the Hugging Face Hub)."},
+    )
+    source_lang: str = field(default="en", metadata={"help": "Source language code."})
+    target_lang: str = field(default="de", metadata={"help": "Target language code (e.g. de, fr)."})
+    data_files: str | None = field(
+        default=None, metadata={"help": "Local training pairs: a TSV, a JSONL, or 'src.txt,tgt.txt'."}
+    )
+    validation_files: str | None = field(default=None, metadata={"help": "Local validation pairs, as data_files."})
+    test_files: str | None = field(default=None, metadata={"help": "Local test pairs, as data_files."})
+    data_cache_dir: str | None = field(default=None, metadata={"help": "Where corpora are cached."})
+    vocab_size: int = field(default=8000, metadata={"help": "Size of the shared BPE vocabulary (§5.1)."})
+    max_length: int = field(default=256, metadata={"help": "Training pairs longer than this (tokens) are dropped."})
+    max_tokens: int = field(
+        default=4096, metadata={"help": "Padded source tokens (and as many target tokens) per batch (§5.1)."}
+    )
+    tokens_per_update: int | None = field(
+        default=None,
+        metadata={"help": "Source tokens per update; sets gradient accumulation (the paper: 25000 per step)."},
+    )
+    lr_scale: float = field(default=1.0, metadata={"help": "Factor on the §5.3 learning-rate schedule."})
+    dropout: float | None = field(default=None, metadata={"help": "Override P_drop of the preset."})
+    label_smoothing: float | None = field(default=None, metadata={"help": "Override epsilon_ls (0.1)."})
+    save_minutes: float | None = field(
+        default=None, metadata={"help": "Also save a checkpoint every this many minutes (the paper: 10)."}
+    )
+    average_last: int = field(
+        default=5, metadata={"help": "Average the last N checkpoints into the final model (§6.1); 1 keeps the last."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Evaluate on at most this many validation pairs during training."}
+    )
+    test_beams: int = field(default=4, metadata={"help": "Beam size for the final test evaluation (§6.1: 4)."})
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": "eager, sdpa or flash_attention_2 (default: transformers' choice, sdpa); auto: the faster of eager "
+            "and sdpa, measured on this machine before training."
+        },
+    )
+    recipe: str | None = field(
+        default=None,
+        metadata={"help": "A recipe file (cpu, base, big in configs/recipes/, or a path); flags override its values."},
+    )
+    max_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Time budget of the whole run in minutes (set-up, training, test decoding): the number of updates "
+            "is measured to fit it, unless --max_steps is given."
+        },
+    )
+    precision: str | None = field(
+        default=None,
+        metadata={
+            "help": "bf16 or fp32 (default: --bf16); auto: bf16 autocast where it measures faster (CPUs with bf16 "
+            "matrix units only), else fp32. An explicit --bf16 overrides auto.",
+            "choices": ["auto", "bf16", "fp32"],
+        },
+    )
+    peak_learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Scale the §5.3 schedule so that it peaks at this rate (sets lr_scale from the warmup)."},
+    )
+    checkpoints_per_run: int | None = field(
+        default=None,
+        metadata={"help": "Save this many evenly spaced checkpoints over the run (instead of save_steps)."},
+    )
+    evaluations_per_run: int | None = field(
+        default=None, metadata={"help": "Validate this many times over the run (instead of eval_steps)."}
+    )
+    max_tokens_choices: str | None = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated max_tokens to choose from by measured speed (e.g. 2048,1024): the largest that "
+            "still gives --min_updates updates in the budget, else the smallest."
+        },
+    )
+    min_updates: int | None = field(
+        default=None, metadata={"help": "With --max_tokens_choices: the updates a budgeted run should reach."}
+    )
+    max_warmup_fraction: float | None = field(
+        default=None, metadata={"help": "Never warm up for more than this fraction of the run."}
+    )
+    max_epochs: float | None = field(
+        default=None, metadata={"help": "Never plan more updates than this many epochs of the training split."}
+    )
+    average_window: float = field(
+        default=AVERAGE_WINDOW,
+        metadata={"help": "Average only checkpoints from this last fraction of the run (the last one always)."},
+    )
+    scale_vocab_to_corpus: bool = field(
+        default=False,
+        metadata={
+            "help": "Cap vocab_size at a quarter of the training split's distinct words (rounded down to 500, at least "
+            "1000): a small corpus cannot fill a large vocabulary."
+        },
+    )
+
+
+@dataclass
+class TransformerTrainingArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` with the paper's defaults (§5.3) instead of transformers' ones."""
+
+    output_dir: str | None = field(default="runs/transformer", metadata={"help": "Where checkpoints and the model go."})
+    adam_beta2: float = field(default=0.98, metadata={"help": "Adam beta2 (§5.3: 0.98)."})
+    adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam epsilon (§5.3: 1e-9)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "No weight decay in the paper."})
+    max_grad_norm: float = field(default=0.0, metadata={"help": "No gradient clipping in the paper (0 = off)."})
+    warmup_steps: float = field(
+        default=4000, metadata={"help": "Warmup updates of the §5.3 schedule (4000); below 1, a fraction of the run."}
+    )
+    logging_steps: float = field(default=50, metadata={"help": "Log every N updates."})
+    save_steps: float = field(default=1000, metadata={"help": "Save a checkpoint every N updates."})
+    predict_with_generate: bool = field(default=True, metadata={"help": "Evaluate BLEU with generate()."})
+    generation_num_beams: int | None = field(default=4, metadata={"help": "Beams for evaluation (§6.1: 4)."})
+    dataloader_num_workers: int = field(default=0, metadata={"help": "Data loading workers."})
+    per_device_eval_batch_size: int = field(default=64, metadata={"help": "Sentences per evaluation batch."})
+    ddp_find_unused_parameters: bool | None = field(
+        default=False, metadata={"help": "Every parameter gets a gradient; DDP need not search for unused ones."}
+    )
+    include_num_input_tokens_seen: str = field(  # a str on the command line (transformers' str | bool reads bools)
+        default="non_padding",
+        metadata={
+            "help": "Count the source tokens trained on: non_padding (for the progress line's tokens/s), all or no.",
+            "choices": ["non_padding", "all", "no"],
+        },
+    )
+
+
+def check_schedule_arguments(args: TransformerTrainingArguments) -> None:
+    """The §5.3 schedule sets the learning rate at every step; refuse the Trainer flags it would silently ignore."""
+    default_rate = TransformerTrainingArguments.__dataclass_fields__["learning_rate"].default
+    if args.learning_rate != default_rate:
+        raise ValueError(
+            f"learning_rate={args.learning_rate} is not used: the §5.3 schedule sets the rate from d_model and "
+            "warmup_steps. Scale it with --lr_scale (peak = lr_scale * d_model^-0.5 * warmup_steps^-0.5)."
+        )
+    if args.lr_scheduler_type != "linear":  # a str enum after TrainingArguments.__post_init__
+        raise ValueError(
+            f"lr_scheduler_type={args.lr_scheduler_type!r} is not supported: training always uses the §5.3 schedule "
+            "(warmup_steps, lr_scale)."
+        )
+
+
+def check_recipe_arguments(recipe: ModelDataArguments) -> None:
+    """Raise a ValueError naming the value for recipe fields out of range."""
+    if recipe.max_minutes is not None and recipe.max_minutes <= 0:
+        raise ValueError(f"max_minutes={recipe.max_minutes:g} is invalid; expected a positive number of minutes.")
+    if recipe.peak_learning_rate is not None and recipe.peak_learning_rate <= 0:
+        raise ValueError(f"peak_learning_rate={recipe.peak_learning_rate} is invalid; expected a positive rate.")
+    for name in ("checkpoints_per_run", "evaluations_per_run"):
+        value = getattr(recipe, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{name}={value} is invalid; expected at least 1.")
+    if recipe.min_updates is not None and recipe.min_updates < 1:
+        raise ValueError(f"min_updates={recipe.min_updates} is invalid; expected at least 1.")
+    if recipe.max_warmup_fraction is not None and not 0 < recipe.max_warmup_fraction <= 1:
+        raise ValueError(f"max_warmup_fraction={recipe.max_warmup_fraction} is invalid; expected a fraction in (0, 1].")
+    if recipe.max_epochs is not None and recipe.max_epochs <= 0:
+        raise ValueError(f"max_epochs={recipe.max_epochs} is invalid; expected a positive number of epochs.")
+    if not 0 < recipe.average_window <= 1:
+        raise ValueError(f"average_window={recipe.average_window} is invalid; expected a fraction in (0, 1].")
+    if recipe.attn_implementation not in (None, "auto", "eager", "sdpa", "flash_attention_2", "flex_attention"):
+        raise ValueError(
+            f"attn_implementation={recipe.attn_implementation!r} is invalid; expected eager, sdpa, "
+            "flash_attention_2, flex_attention or auto."
+        )

@@ -1,0 +1,38 @@
+"""Deploy benchmark: a trained model folder on the held-out test split, this package's generate() against its
+CTranslate2 exports (float32 and int8), side by side in one process.
+
+Usage:
+    python scripts/deploy_benchmark.py --model_dir outputs/vanilla-transformer-en-de --json deploy.json
+
+What it measures: `hf_vanilla_transformer/deploy_benchmark.py`. Time nothing else on the machine while it runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import HfArgumentParser
+
+from hf_vanilla_transformer.deploy_benchmark import DeployBenchmarkConfig, run_deploy_benchmark
+
+
+@dataclass
+class ScriptArguments:
+    json: str | None = field(default=None, metadata={"help": "write the figures to this JSON file"})
+
+
+def main() -> None:
+    options, script = HfArgumentParser((DeployBenchmarkConfig, ScriptArguments)).parse_args_into_dataclasses()
+    results = run_deploy_benchmark(options)
+    print(
+        json.dumps({"speed_ratios": results["speed_ratios"], "bleu_differences": results["bleu_differences"]}, indent=2)
+    )
+    if script.json:
+        Path(script.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(script.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
