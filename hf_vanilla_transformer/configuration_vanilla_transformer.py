@@ -134,7 +134,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
     """
 
     model_type = "vanilla_transformer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache"]
     # Generic names read by HF utilities. The key/value cache that generate() builds is the decoder's, so the layer
     # and head counts are the decoder's.
     attribute_map = {

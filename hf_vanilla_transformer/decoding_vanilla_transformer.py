@@ -116,18 +116,18 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
             prompt_length = prompt.shape[1] + (0 if starts_right else 1)
         return RelativeMaxLengthCriteria(limits, prompt_length)
 
-    def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+    def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor) -> Cache:
         """Beam search: follow the surviving beams in the self-attention cache only.
 
         Every beam of a sentence attends to the same encoder output, so the cross-attention keys and values of its
         beams are identical rows and `beam_idx` (which picks beams within each sentence) would copy them onto
         themselves: decoder_layers x 2 tensors of (batch x beams, heads, source length, d_k) per step, for nothing.
         """
-        if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        if isinstance(cache, EncoderDecoderCache):
+            cache.self_attention_cache.reorder_cache(beam_idx)
         else:
-            past_key_values.reorder_cache(beam_idx)
-        return past_key_values
+            cache.reorder_cache(beam_idx)
+        return cache
 
     def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
         """Real (non-padding) source tokens per sentence: from the attention mask, else from the padding id, else the

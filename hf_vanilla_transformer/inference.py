@@ -38,11 +38,14 @@ def load_translator(model: str | Path, device: str | torch.device = "cpu"):
 
 
 # Sentences after which a compiled decoding step (static cache + torch.compile) has paid for its compilation, per
-# device kind, from `scripts/benchmark.py` (docs/speed.md): on a 2-core AVX2 CPU it decodes 5-12% faster and breaks
-# even after 2,400-5,500 sentences of one batch shape; batches by length bring more shapes (a dynamic graph after the
-# second), so twice the worst case. Not measured on a GPU yet: there `compile="auto"` stays eager.
-COMPILE_PAYS_AFTER_SENTENCES = {"cpu": 11_000}
+# device kind; a kind not listed stays eager under compile="auto". On a 2-core AVX2 CPU the compiled step decodes
+# 5-12% faster on batches of one shape (`scripts/benchmark.py`), but on a real test split in batches by length it is
+# slower even once compiled: 15.7 against 26.9 sentences/s with beam 4 (`scripts/deploy_benchmark.py`, docs/deploy.md;
+# every batch brings another source length and static cache size, and the compiled step attends over the whole static
+# cache). So it never pays on a CPU; not measured on a GPU yet. Add a kind here with its measured break-even.
+COMPILE_PAYS_AFTER_SENTENCES: dict[str, int] = {}
 COMPILE_CHOICES = ("auto", "always", "never")
+RECOMPILE_LIMIT = 64
 
 
 def compile_pays(compile: str, device: torch.device | str, sentences: int) -> bool:
@@ -59,15 +62,22 @@ def compile_pays(compile: str, device: torch.device | str, sentences: int) -> bo
 @contextmanager
 def compiled_decoding(model):
     """Within the block, `model.generate` runs with a static cache and its forward compiled with `fullgraph=True`
-    (one compilation per model, kept on the model for later blocks)."""
+    (one compilation per model, kept on the model for later blocks).
+
+    Every model's forward runs through the same transformers wrapper, so dynamo counts the graphs of all models
+    compiled in a process against one code object; the block raises dynamo's recompile limit (8 by default, after
+    which `fullgraph=True` fails) so that batch shapes and earlier compiled models cannot exhaust it.
+    """
     compiled = getattr(model, "_translate_compiled_forward", None)
     if compiled is None:
         compiled = torch.compile(model.forward, fullgraph=True)
         model._translate_compiled_forward = compiled
     previous = model.__dict__.get("forward")  # a forward the caller set on the model, if any
     model.forward = compiled
+    limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     try:
-        yield {"cache_implementation": "static"}
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            yield {"cache_implementation": "static"}
     finally:
         if previous is None:
             del model.forward  # back to the class's forward

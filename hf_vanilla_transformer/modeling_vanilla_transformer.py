@@ -32,6 +32,7 @@ from transformers.modeling_outputs import (
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs, can_return_tuple
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -151,7 +152,7 @@ class VanillaTransformerAttention(nn.Module):
         hidden_states: torch.Tensor,
         key_value_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, length = hidden_states.shape[:2]
@@ -160,23 +161,19 @@ class VanillaTransformerAttention(nn.Module):
         # 1. Keys and values. Self-attention appends this step's to the cache; cross-attention projects the encoder
         #    output once per generate() call and reads it back from the cache at every later step.
         if self.is_cross_attention:
-            cache = past_key_values.cross_attention_cache if past_key_values is not None else None
-            if cache is not None and past_key_values.is_updated.get(self.layer_idx):
-                key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+            stored = cache.cross_attention_cache if cache is not None else None
+            if stored is not None and cache.is_updated.get(self.layer_idx):
+                key, value = stored.layers[self.layer_idx].keys, stored.layers[self.layer_idx].values
             else:
                 key, value = self._project_keys_values(key_value_states)
-                if cache is not None:
-                    key, value = cache.update(key, value, self.layer_idx)
-                    past_key_values.is_updated[self.layer_idx] = True
+                if stored is not None:
+                    key, value = stored.update(key, value, self.layer_idx)
+                    cache.is_updated[self.layer_idx] = True
         else:
             key, value = self._project_keys_values(hidden_states)
-            if past_key_values is not None:
-                cache = (
-                    past_key_values.self_attention_cache
-                    if isinstance(past_key_values, EncoderDecoderCache)
-                    else past_key_values
-                )
-                key, value = cache.update(key, value, self.layer_idx)  # (B, H, P + T, Dk), (B, H, P + T, Dv)
+            if cache is not None:
+                stored = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+                key, value = stored.update(key, value, self.layer_idx)  # (B, H, P + T, Dk), (B, H, P + T, Dv)
 
         # 2. Scaled dot-product attention through the configured backend (eager, sdpa, flash_attention_2).
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -301,14 +298,14 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         token_index: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         # 1. Masked self-attention sub-layer: position i sees positions <= i (§3.2.3).
         residual = hidden_states
         hidden_states, _ = self.self_attn(
-            hidden_states, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs
+            hidden_states, attention_mask=attention_mask, cache=cache, **kwargs
         )
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
         hidden_states = self.self_attn_layer_norm(residual + hidden_states)
@@ -316,7 +313,7 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         # 2. Encoder-decoder attention sub-layer: queries from the decoder, keys and values from the encoder.
         residual = hidden_states
         hidden_states, _ = self.encoder_attn(
-            hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values=past_key_values, **kwargs
+            hidden_states, encoder_hidden_states, encoder_attention_mask, cache=cache, **kwargs
         )
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
         hidden_states = self.encoder_attn_layer_norm(residual + hidden_states)
@@ -349,16 +346,16 @@ class VanillaTransformerPreLNDecoderLayer(VanillaTransformerDecoderLayer):
         attention_mask=None,
         encoder_hidden_states=None,
         encoder_attention_mask=None,
-        past_key_values=None,
+        cache=None,
         token_index=None,
         **kwargs: Unpack[TransformersKwargs],
     ):
         normed = self.self_attn_layer_norm(hidden_states)
-        attended, _ = self.self_attn(normed, attention_mask=attention_mask, past_key_values=past_key_values, **kwargs)
+        attended, _ = self.self_attn(normed, attention_mask=attention_mask, cache=cache, **kwargs)
         hidden_states = hidden_states + nn.functional.dropout(attended, p=self.dropout, training=self.training)
         normed = self.encoder_attn_layer_norm(hidden_states)
         attended, _ = self.encoder_attn(
-            normed, encoder_hidden_states, encoder_attention_mask, past_key_values=past_key_values, **kwargs
+            normed, encoder_hidden_states, encoder_attention_mask, cache=cache, **kwargs
         )
         hidden_states = hidden_states + nn.functional.dropout(attended, p=self.dropout, training=self.training)
         transformed = self.ffn(self.final_layer_norm(hidden_states), token_index)
@@ -556,13 +553,14 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
 
     @merge_with_config_defaults
     @capture_outputs
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         token_mask: torch.Tensor | None = None,
@@ -577,10 +575,10 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
         """
         if encoder_hidden_states is None:
             raise ValueError("The decoder needs encoder_hidden_states: the output of the encoder.")
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
         # The cached target length: an int, or a 0-d tensor once a static cache holds something.
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past_length = cache.get_seq_length() if cache is not None else 0
         first_pass = not torch.is_tensor(past_length) and past_length == 0
         # Ids the model generated itself need no check; a user's prompt or a training batch does.
         if input_ids is not None and _eager() and (first_pass or input_ids.shape[-1] > 1):
@@ -594,16 +592,12 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
             _check_mask("attention_mask", encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]))
 
         # 2. Masks: causal (+ target padding) for self-attention, source padding for cross-attention.
-        self_attention_cache = (
-            past_key_values.self_attention_cache
-            if isinstance(past_key_values, EncoderDecoderCache)
-            else past_key_values
-        )
+        self_attention_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         causal_mask = create_causal_mask(
             config=self.config,
             inputs_embeds=hidden_states,
             attention_mask=attention_mask,
-            past_key_values=self_attention_cache,
+            cache=self_attention_cache,
         )
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
@@ -627,14 +621,14 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
                 causal_mask,
                 encoder_hidden_states,  # positional, for gradient checkpointing
                 encoder_attention_mask=encoder_attention_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 token_index=token_index,
                 **kwargs,
             )
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, past_key_values=past_key_values if use_cache else None
+            last_hidden_state=hidden_states, cache=cache if use_cache else None
         )
 
 
@@ -681,6 +675,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         return self.decoder
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -688,7 +683,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -724,7 +719,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             token_mask=decoder_token_mask,
@@ -733,7 +728,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            cache=decoder_outputs.cache,
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -784,6 +779,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -791,7 +787,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -827,7 +823,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -855,7 +851,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            cache=outputs.cache,
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

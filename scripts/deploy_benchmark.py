@@ -1,5 +1,5 @@
-"""Deploy benchmark: a trained model folder on the held-out test split, this package's generate() against its
-CTranslate2 exports (float32 and int8), side by side in one process.
+"""Deploy benchmark: a trained model folder on the held-out test split, this package's generate() (eager and
+compiled) against its ONNX Runtime and CTranslate2 exports (float32 and int8), side by side in one run.
 
 Usage:
     python scripts/deploy_benchmark.py --model_dir outputs/vanilla-transformer-en-de --json deploy.json
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
-from hf_vanilla_transformer.deploy_benchmark import DeployBenchmarkConfig, run_deploy_benchmark
+from hf_vanilla_transformer.deploy_benchmark import DeployBenchmarkConfig, markdown_table, run_deploy_benchmark
 
 
 @dataclass
@@ -26,9 +26,7 @@ class ScriptArguments:
 def main() -> None:
     options, script = HfArgumentParser((DeployBenchmarkConfig, ScriptArguments)).parse_args_into_dataclasses()
     results = run_deploy_benchmark(options)
-    print(
-        json.dumps({"speed_ratios": results["speed_ratios"], "bleu_differences": results["bleu_differences"]}, indent=2)
-    )
+    print(markdown_table(results))
     if script.json:
         Path(script.json).parent.mkdir(parents=True, exist_ok=True)
         Path(script.json).write_text(json.dumps(results, indent=2) + "\n")

@@ -5,6 +5,7 @@ Usage:
     python scripts/score.py MODEL_DIR --dataset libreoffice-ui --split test
     python scripts/score.py MODEL_DIR --data_files test.tsv   # or src.txt,ref.txt
     python scripts/score.py MODEL_DIR --tokenized_bleu --num_beams 1 --output hypotheses.txt
+    python scripts/score.py EXPORT_DIR --engine onnx          # or ctranslate2: a folder from scripts/export.py
 
 Prints sacreBLEU with its signature, chrF, and (with --tokenized_bleu) the paper-style tokenized BLEU. A bad data
 file (its file, line and what was expected) or a missing model folder ends the script with one line on standard
@@ -18,12 +19,22 @@ from pathlib import Path
 import torch
 
 from hf_vanilla_transformer.data import CorpusError, load_corpus
+from hf_vanilla_transformer.export import CTranslate2Translator
+from hf_vanilla_transformer.export_onnx import OnnxTranslator
 from hf_vanilla_transformer.inference import evaluate_translations, load_translator
+from hf_vanilla_transformer.metrics import compute_bleu
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="model folder (or Hub id) with its tokenizer")
+    parser.add_argument("model", help="model folder (or Hub id) with its tokenizer; an export with --engine")
+    parser.add_argument(
+        "--engine",
+        choices=["torch", "ctranslate2", "onnx"],
+        default="torch",
+        help="torch: this package's generate(); ctranslate2 or onnx (ONNX Runtime): a folder written by "
+        "scripts/export.py",
+    )
     parser.add_argument("--dataset", default="libreoffice-help")
     parser.add_argument("--source_lang", default="en")
     parser.add_argument("--target_lang", default="de")
@@ -47,15 +58,25 @@ def main() -> None:
             if args.split not in corpus:
                 raise ValueError(f"--split {args.split!r} is not one of {sorted(corpus)}")
             pairs = corpus[args.split]
-        model, tokenizer = load_translator(args.model, args.device)
+        if args.engine == "ctranslate2":
+            engine = CTranslate2Translator(args.model, device=args.device)
+        elif args.engine == "onnx":
+            engine = OnnxTranslator(args.model, threads=torch.get_num_threads())
+        else:
+            model, tokenizer = load_translator(args.model, args.device)
     except (OSError, ValueError, CorpusError) as error:
         raise SystemExit(f"score.py: {error}") from None
 
     # 2. Translate, score, report.
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
-    scores, hypotheses = evaluate_translations(
-        model, tokenizer, list(pairs["source"]), list(pairs["target"]), tokenized_bleu=args.tokenized_bleu, **kwargs
-    )
+    sources, references = list(pairs["source"]), list(pairs["target"])
+    if args.engine == "torch":
+        scores, hypotheses = evaluate_translations(
+            model, tokenizer, sources, references, tokenized_bleu=args.tokenized_bleu, **kwargs
+        )
+    else:
+        hypotheses = engine.translate(sources, **kwargs)
+        scores = compute_bleu(hypotheses, references, tokenized=args.tokenized_bleu)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
             handle.writelines(text + "\n" for text in hypotheses)

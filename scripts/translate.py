@@ -4,11 +4,12 @@ Usage:
     python scripts/translate.py MODEL_DIR < input.en > output.de
     python scripts/translate.py MODEL_DIR --input input.en --output output.de --num_beams 4 --max_tokens 4000
     python scripts/translate.py CT2_DIR --engine ctranslate2 < input.en   # a folder from scripts/export.py
+    python scripts/translate.py ONNX_DIR --engine onnx < input.en          # likewise (--to onnx)
 
 Sentences are batched by length (longest first) and written back in input order; an empty or blank line gives an
 empty line without running the model. Decoding uses the model's generation config (the paper's beam 4, GNMT length
-penalty 0.6, source length + 50) unless a flag overrides it. `--compile auto` compiles the decoding step only for
-inputs long enough for compilation to pay (docs/speed.md). A missing or unreadable input file or model folder
+penalty 0.6, source length + 50) unless a flag overrides it. `--compile auto` compiles the decoding step only on a
+device where it was measured to pay (none so far: on a CPU real input decodes faster eager, docs/speed.md). A missing or unreadable input file or model folder
 ends the script with one line saying what was expected (exit status 1).
 """
 
@@ -21,17 +22,19 @@ import torch
 
 from hf_vanilla_transformer.data import decode_text, read_text
 from hf_vanilla_transformer.export import CTranslate2Translator
+from hf_vanilla_transformer.export_onnx import OnnxTranslator
 from hf_vanilla_transformer.inference import COMPILE_CHOICES, load_translator, translate
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="model folder (or Hub id) with its tokenizer; a CTranslate2 export with --engine")
+    parser.add_argument("model", help="model folder (or Hub id) with its tokenizer; an export with --engine")
     parser.add_argument(
         "--engine",
-        choices=["torch", "ctranslate2"],
+        choices=["torch", "ctranslate2", "onnx"],
         default="torch",
-        help="torch: this package's generate(); ctranslate2: a folder written by scripts/export.py",
+        help="torch: this package's generate(); ctranslate2 or onnx (ONNX Runtime): a folder written by "
+        "scripts/export.py --to ctranslate2 / onnx",
     )
     parser.add_argument("--input", help="input file (default: standard input)")
     parser.add_argument("--output", help="output file (default: standard output)")
@@ -54,6 +57,8 @@ def main() -> None:
         text = read_text(args.input) if args.input else decode_text(sys.stdin.buffer.read(), "<stdin>")
         if args.engine == "ctranslate2":
             engine = CTranslate2Translator(args.model, device=args.device)
+        elif args.engine == "onnx":
+            engine = OnnxTranslator(args.model, threads=torch.get_num_threads())
         else:
             model, tokenizer = load_translator(args.model, args.device)
     except (OSError, ValueError) as error:
@@ -62,7 +67,7 @@ def main() -> None:
 
     # 2. Translate and write in input order.
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
-    if args.engine == "ctranslate2":
+    if args.engine in ("ctranslate2", "onnx"):
         outputs = engine.translate(lines, **kwargs)
     else:
         progress = sys.stderr.isatty()

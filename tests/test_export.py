@@ -1,18 +1,24 @@
-"""CTranslate2 export: a briefly trained tiny model, converted, decodes the same greedy tokens and scores the same
-log-probabilities as the model itself; int8 loads and translates; `translate.py --engine ctranslate2` keeps order
-and empty lines; what CTranslate2 cannot express, a bad quantization and a too-long source get clear errors."""
+"""CTranslate2 and ONNX exports of a briefly trained tiny model.
+
+CTranslate2: decodes the same greedy tokens and scores the same log-probabilities as the model itself; int8 loads
+and translates; `translate.py --engine ctranslate2` keeps order and empty lines; what CTranslate2 cannot express, a
+bad quantization and a too-long source get clear errors. ONNX Runtime: greedy and beam search (GNMT penalty, the
+relative length limit) give `generate()`'s tokens, the step's log-probabilities are the model's; int8 translates;
+`translate.py --engine onnx` keeps order and empty lines; bad values and folders get clear errors."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
+from tokenizers import processors
 
 from hf_vanilla_transformer.export import CTranslate2Translator, export_ctranslate2
+from hf_vanilla_transformer.export_onnx import OnnxTranslator, cache_names, export_onnx
 
 from conftest import reversal_task, run_script, tiny_model, train_on_reversal
 
-
-pytest.importorskip("ctranslate2")
 
 SENTENCES = ["w4 w5 w6", "w1 w2 w3 w4", "w8 w9 w10 w11 w12", "w13 w14 w15 w16"]  # training sources
 
@@ -20,7 +26,7 @@ SENTENCES = ["w4 w5 w6", "w1 w2 w3 w4", "w8 w9 w10 w11 w12", "w13 w14 w15 w16"] 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny model trained 60 updates to reverse word sequences (sources end with </s>, as the package's tokenizer
-    makes them), saved with its tokenizer; and its float32 CTranslate2 export."""
+    makes them), saved with its tokenizer; and its float32 CTranslate2 export (None without ctranslate2)."""
     root = tmp_path_factory.mktemp("export")
     tokenizer, dataset = reversal_task()
     eos = tokenizer.eos_token_id
@@ -30,10 +36,31 @@ def trained(tmp_path_factory):
     model = tiny_model(seed=1, vocab_size=len(tokenizer)).train()
     train_on_reversal(model, tokenizer, dataset, root / "run", max_steps=60, per_device_train_batch_size=16, seed=0)
     model.eval()
+    # The saved tokenizer appends </s> to every source, as the package's own tokenizer does (translate() relies on it).
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", eos)]
+    )
     folder = root / "model"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return folder, export_ctranslate2(folder, root / "ct2"), model, tokenizer
+    exported = None
+    if importlib.util.find_spec("ctranslate2") is not None:
+        exported = export_ctranslate2(folder, root / "ct2")
+    return folder, exported, model, tokenizer
+
+
+@pytest.fixture(autouse=True)
+def needs_ctranslate2(request):
+    if "onnx" not in request.node.name:
+        pytest.importorskip("ctranslate2")
+
+
+@pytest.fixture(scope="module")
+def onnx_folder(trained, tmp_path_factory):
+    """The trained model's float32 ONNX export."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    return export_onnx(trained[0], tmp_path_factory.mktemp("onnx") / "onnx")
 
 
 def source_ids(tokenizer, sentences: list[str]) -> dict[str, torch.Tensor]:
@@ -98,3 +125,162 @@ def test_what_cannot_be_exported_is_refused_with_its_value(trained, tmp_path):
     short = CTranslate2Translator(export_ctranslate2(folder, tmp_path / "short", max_positions=4))
     with pytest.raises(ValueError, match="longer than this export's 3"):
         short.translate(["w1 w2 w3 w4 w5"])
+
+
+def our_tokens(model, tokenizer, sources: list[list[int]], **generate_kwargs) -> list[list[int]]:
+    """`generate()`'s tokens for source ids, without the start token and the padding."""
+    batch = tokenizer.pad({"input_ids": sources}, return_tensors="pt")
+    rows = model.generate(**batch, **generate_kwargs)
+    return [[t for t in row.tolist()[1:] if t != tokenizer.pad_token_id] for row in rows]
+
+
+def test_onnx_greedy_and_beam_search_give_our_tokens(trained, onnx_folder):
+    """The NumPy search around the exported step is generate()'s: greedy, beam search with GNMT's penalty, and the
+    source length + N limit (a short N cuts hypotheses before their </s>), token for token."""
+    _, _, model, tokenizer = trained
+    engine = OnnxTranslator(onnx_folder)
+    sentences = [*SENTENCES, "w30 w2 w17", "w9", "w3 w3 w3 w3 w3 w3 w3"]  # the last three unseen in training
+    sources = engine.encode(sentences)
+    assert sources == [
+        [*tokenizer(s, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id] for s in sentences
+    ]
+    for beams, relative in ((1, 50), (4, 50), (3, 50), (4, 2), (1, 2)):
+        onnx = engine.search(sources, beams, 0.6, relative)
+        assert onnx == our_tokens(model, tokenizer, sources, num_beams=beams, relative_max_length=relative), (
+            beams,
+            relative,
+        )
+    # Beam search found finished hypotheses (</s>) and the short limit cut them: both paths were taken.
+    assert all(row[-1] == tokenizer.eos_token_id for row in engine.search(sources[:4], 4, 0.6, 50))
+    assert all(
+        len(row) <= len(source) + 2 for row, source in zip(engine.search(sources, 4, 0.6, 2), sources, strict=True)
+    )
+    assert engine.translate(["w4 w5 w6", "", "w1 w2 w3 w4"], num_beams=1) == ["w6 w5 w4", "", "w4 w3 w2 w1"]
+
+
+def test_onnx_step_log_probabilities_are_ours(trained, onnx_folder):
+    """Teacher-forced through the exported encoder and step, the log-probabilities of every target position equal
+    the model's (float32, 1e-4), cached keys and values carried from step to step."""
+    import numpy as np
+
+    _, _, model, tokenizer = trained
+    engine = OnnxTranslator(onnx_folder)
+    sources = engine.encode(SENTENCES[:2])
+    batch = tokenizer.pad({"input_ids": sources}, return_tensors="pt")
+    targets = torch.tensor([[0, 8, 7, 6, 2], [0, 6, 5, 4, 3]])  # start token, then any ids
+    with torch.no_grad():
+        ours = model(**batch, decoder_input_ids=targets).logits.log_softmax(-1)
+    mask = batch["attention_mask"].numpy()
+    cross = engine.encoder.run(None, {"input_ids": batch["input_ids"].numpy(), "attention_mask": mask})
+    heads = model.config.decoder_attention_heads
+    dims = model.config.head_dims(heads)
+    past = [np.zeros((2, heads, 0, dims[i % 2]), dtype=np.float32) for i in range(2 * model.config.decoder_layers)]
+    cross_names, past_names, _ = cache_names(model.config.decoder_layers)
+    for position in range(targets.shape[1]):
+        inputs = {"decoder_input_ids": targets[:, position : position + 1].numpy(), "attention_mask": mask}
+        log_probs, *past = engine.step.run(
+            None, inputs | dict(zip(cross_names, cross, strict=True)) | dict(zip(past_names, past, strict=True))
+        )
+        torch.testing.assert_close(torch.from_numpy(log_probs), ours[:, position], rtol=1e-4, atol=1e-4)
+    assert past[0].shape[2] == targets.shape[1]  # every step's keys were appended
+
+
+def test_onnx_the_translate_script_runs_the_export_keeping_order_and_empty_lines(onnx_folder):
+    result = run_script("translate.py", onnx_folder, "--engine", "onnx", input="w4 w5 w6\n\n  \nw1 w2 w3 w4\n")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == ["w6 w5 w4", "", "", "w4 w3 w2 w1"]
+
+
+@pytest.mark.slow
+def test_onnx_int8_exports_through_the_script_and_translates(trained, onnx_folder, tmp_path):
+    folder = tmp_path / "int8"
+    result = run_script("export.py", trained[0], folder, "--to", "onnx", "--quantization", "int8")
+    assert result.returncode == 0, result.stderr[-2000:]
+    import onnx
+
+    for name in ("encoder.onnx", "decoder_step.onnx"):  # the matrix products run on int8 weights
+        ops = {node.op_type for node in onnx.load(str(folder / name)).graph.node}
+        assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops, (name, sorted(ops))
+    outputs = OnnxTranslator(folder).translate(["w4 w5 w6", "", "w1 w2 w3 w4"], num_beams=1)
+    assert outputs[1] == "" and outputs[0] and outputs[2]
+
+
+def test_onnx_bad_values_and_folders_are_refused_with_their_names(trained, onnx_folder, tmp_path):
+    folder, exported, _, _ = trained
+    with pytest.raises(ValueError, match="quantization='int16' is invalid"):
+        export_onnx(folder, tmp_path / "x", quantization="int16")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        export_onnx(tmp_path / "nowhere", tmp_path / "y")
+    with pytest.raises(FileNotFoundError, match="no hf_vanilla_transformer_export.json"):
+        OnnxTranslator(folder)
+    if exported is not None:
+        with pytest.raises(ValueError, match="holds a ctranslate2 export; expected an ONNX one"):
+            OnnxTranslator(exported)
+    with pytest.raises(ValueError, match="num_beams=0 is invalid"):
+        OnnxTranslator(onnx_folder).translate(["w1"], num_beams=0)
+    result = run_script("translate.py", folder, "--engine", "onnx", input="w1\n")
+    assert result.returncode == 1 and result.stderr.startswith("translate.py: ") and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_onnx_score_script_gives_the_models_bleu(trained, onnx_folder, tmp_path):
+    """`score.py --engine onnx` scores the export as `score.py` scores the model: the same BLEU, the same lines."""
+    import json
+
+    folder = trained[0]
+    pairs = tmp_path / "pairs.tsv"
+    sources = [*SENTENCES, "w30 w2 w17", "w5 w6 w7 w8 w9"]
+    pairs.write_text("".join(f"{s}\t{' '.join(reversed(s.split()))}\n" for s in sources), encoding="utf-8")
+    outputs = {}
+    for name, model, engine in (("torch", folder, "torch"), ("onnx", onnx_folder, "onnx")):
+        out = tmp_path / f"{name}.txt"
+        result = run_script("score.py", model, "--engine", engine, "--data_files", pairs, "--output", out)
+        assert result.returncode == 0, result.stderr[-2000:]
+        outputs[name] = (json.loads(result.stdout)["score"], out.read_text(encoding="utf-8"))
+    assert outputs["onnx"] == outputs["torch"] and outputs["torch"][0] > 50
+
+
+@pytest.mark.slow
+def test_deploy_benchmark_runs_every_engine_and_the_exact_ones_agree(trained, tmp_path):
+    """`scripts/deploy_benchmark.py` on the trained tiny model and pairs of its task: every engine is timed and
+    scored, the compiled model and the float32 ONNX export give ours-eager's BLEU exactly, each engine's memory is
+    measured in its own process, and the table names the machine."""
+    pytest.importorskip("onnxruntime")
+    import json
+
+    pairs = tmp_path / "pairs.tsv"
+    sources = [*SENTENCES, "w5 w6 w7 w8 w9", "w20 w21 w22"]
+    pairs.write_text("".join(f"{s}\t{' '.join(reversed(s.split()))}\n" for s in sources), encoding="utf-8")
+    out = tmp_path / "deploy.json"
+    result = run_script(
+        "deploy_benchmark.py",
+        "--model_dir",
+        trained[0],
+        "--data_files",
+        pairs,
+        "--batch_size",
+        "4",
+        "--alphas",
+        "0.6",
+        "1.5",
+        "--threads",
+        "1",
+        "--json",
+        out,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(out.read_text())
+    engines = results["engines"]
+    expected = {"ours_eager", "ours_compiled", "onnxruntime_float32", "onnxruntime_int8"}
+    expected |= {f"ctranslate2_{q}_alpha{a}" for q in ("float32", "int8") for a in (0.6, 1.5)}
+    assert set(engines) == expected and results["pairs"] == len(sources)
+    assert engines["ours_eager"]["bleu"] > 50
+    for name in ("ours_compiled", "onnxruntime_float32"):
+        assert engines[name]["bleu"] == engines["ours_eager"]["bleu"], name
+    memory = results["peak_rss_above_baseline_bytes"]
+    assert set(memory) == {"baseline", "ours_eager", "onnxruntime_float32", "onnxruntime_int8"} | {
+        f"ctranslate2_{q}" for q in ("float32", "int8")
+    }
+    assert all(value > 0 for value in memory.values())
+    assert results["machine"] in result.stdout and "| ctranslate2_int8_alpha1.5 |" in result.stdout

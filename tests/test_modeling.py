@@ -237,13 +237,28 @@ def test_step_by_step_decoding_with_cache_equals_the_full_pass(model):
         out = model(
             encoder_outputs=encoder_outputs,
             decoder_input_ids=targets[:, t : t + 1],
-            past_key_values=past,
+            cache=past,
             use_cache=True,
         )
-        past = out.past_key_values
+        past = out.cache
         steps.append(out.logits)
     assert past.get_seq_length() == targets.shape[1]
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+
+
+def test_the_cache_keyword_of_transformers_before_5_24_still_works(model):
+    """transformers 5.24 renamed `past_key_values` to `cache`; callers written for the old name get a warning and
+    the same result, as from transformers' own models."""
+    ids = random_ids(2, 7)
+    encoder_outputs = model.get_encoder()(input_ids=ids)
+    start, step = torch.full((2, 1), BOS), random_ids(2, 1, seed=3)
+    first = model(encoder_outputs=encoder_outputs, decoder_input_ids=start, use_cache=True).cache
+    new = model(encoder_outputs=encoder_outputs, decoder_input_ids=step, cache=first)
+    first = model(encoder_outputs=encoder_outputs, decoder_input_ids=start, use_cache=True).cache
+    with pytest.warns(FutureWarning, match="past_key_values"):
+        old = model(encoder_outputs=encoder_outputs, decoder_input_ids=step, past_key_values=first)
+    assert old.cache.get_seq_length() == 2
+    torch.testing.assert_close(old.logits, new.logits, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
@@ -282,10 +297,10 @@ def test_beam_search_reorders_only_the_self_attention_cache_with_the_same_result
     lean = model.generate(ids, **kwargs)
     orders = []
 
-    def reorder_everything(past_key_values, beam_idx):  # transformers' own: self- and cross-attention caches
+    def reorder_everything(cache, beam_idx):  # transformers' own: self- and cross-attention caches
         orders.append(beam_idx.clone())
-        past_key_values.reorder_cache(beam_idx)
-        return past_key_values
+        cache.reorder_cache(beam_idx)
+        return cache
 
     monkeypatch.setattr(model, "_reorder_cache", reorder_everything)
     reference = model.generate(ids, **kwargs)
