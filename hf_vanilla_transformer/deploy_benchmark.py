@@ -24,7 +24,7 @@ import torch
 
 from .export import CTranslate2Translator, export_ctranslate2
 from .export_onnx import OnnxTranslator, export_onnx
-from .inference import load_translator, translate
+from .inference import load_export, load_translator, translate
 from .metrics import compute_bleu
 
 
@@ -127,14 +127,9 @@ def _engine_memory(engine: str, folder: str | None, model_dir: str, sources: lis
             compile="never",
             num_beams=options.num_beams,
         )
-    elif engine == "ctranslate2":
-        CTranslate2Translator(folder, threads=options.threads or torch.get_num_threads()).translate(
-            sources, num_beams=options.num_beams, max_batch_size=options.batch_size
-        )
-    elif engine == "onnxruntime":
-        OnnxTranslator(folder, threads=options.threads or torch.get_num_threads()).translate(
-            sources, num_beams=options.num_beams, max_batch_size=options.batch_size
-        )
+    elif engine in ("ctranslate2", "onnxruntime"):
+        exported = load_export("onnx" if engine == "onnxruntime" else engine, folder, threads=torch.get_num_threads())
+        exported.translate(sources, num_beams=options.num_beams, max_batch_size=options.batch_size)
     else:
         from transformers import AutoTokenizer
 

@@ -12,6 +12,35 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from .metrics import compute_bleu
 
 
+ENGINES = ("torch", "ctranslate2", "onnx")
+
+
+def add_engine_argument(parser) -> None:
+    """The `--engine` option of the scripts that translate (translate.py, score.py)."""
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="torch",
+        help="torch: this package's generate(); ctranslate2 or onnx (ONNX Runtime): a folder written by "
+        "scripts/export.py --to ctranslate2 / onnx",
+    )
+
+
+def load_export(engine: str, folder: str | Path, device: str = "cpu", threads: int | None = None):
+    """The translator of a folder written by `scripts/export.py`: a `CTranslate2Translator` or an `OnnxTranslator`,
+    both with `translate(sentences, num_beams=...)`. `threads` None: CTranslate2's default, ONNX Runtime as many as
+    PyTorch uses."""
+    if engine == "ctranslate2":
+        from .export import CTranslate2Translator
+
+        return CTranslate2Translator(folder, device=device, threads=threads or 0)
+    if engine == "onnx":
+        from .export_onnx import OnnxTranslator
+
+        return OnnxTranslator(folder, threads=threads or torch.get_num_threads())
+    raise ValueError(f"engine={engine!r} has no export; expected 'ctranslate2' or 'onnx'.")
+
+
 def load_translator(model: str | Path, device: str | torch.device = "cpu"):
     """(model in eval mode on `device`, tokenizer) from a trained folder or a Hub id.
 

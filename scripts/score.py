@@ -19,22 +19,14 @@ from pathlib import Path
 import torch
 
 from hf_vanilla_transformer.data import CorpusError, load_corpus
-from hf_vanilla_transformer.export import CTranslate2Translator
-from hf_vanilla_transformer.export_onnx import OnnxTranslator
-from hf_vanilla_transformer.inference import evaluate_translations, load_translator
+from hf_vanilla_transformer.inference import add_engine_argument, evaluate_translations, load_export, load_translator
 from hf_vanilla_transformer.metrics import compute_bleu
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="model folder (or Hub id) with its tokenizer; an export with --engine")
-    parser.add_argument(
-        "--engine",
-        choices=["torch", "ctranslate2", "onnx"],
-        default="torch",
-        help="torch: this package's generate(); ctranslate2 or onnx (ONNX Runtime): a folder written by "
-        "scripts/export.py",
-    )
+    add_engine_argument(parser)
     parser.add_argument("--dataset", default="libreoffice-help")
     parser.add_argument("--source_lang", default="en")
     parser.add_argument("--target_lang", default="de")
@@ -58,12 +50,10 @@ def main() -> None:
             if args.split not in corpus:
                 raise ValueError(f"--split {args.split!r} is not one of {sorted(corpus)}")
             pairs = corpus[args.split]
-        if args.engine == "ctranslate2":
-            engine = CTranslate2Translator(args.model, device=args.device)
-        elif args.engine == "onnx":
-            engine = OnnxTranslator(args.model, threads=torch.get_num_threads())
-        else:
+        if args.engine == "torch":
             model, tokenizer = load_translator(args.model, args.device)
+        else:
+            engine = load_export(args.engine, args.model, args.device)
     except (OSError, ValueError, CorpusError) as error:
         raise SystemExit(f"score.py: {error}") from None
 

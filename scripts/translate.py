@@ -21,21 +21,19 @@ from pathlib import Path
 import torch
 
 from hf_vanilla_transformer.data import decode_text, read_text
-from hf_vanilla_transformer.export import CTranslate2Translator
-from hf_vanilla_transformer.export_onnx import OnnxTranslator
-from hf_vanilla_transformer.inference import COMPILE_CHOICES, load_translator, translate
+from hf_vanilla_transformer.inference import (
+    COMPILE_CHOICES,
+    add_engine_argument,
+    load_export,
+    load_translator,
+    translate,
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="model folder (or Hub id) with its tokenizer; an export with --engine")
-    parser.add_argument(
-        "--engine",
-        choices=["torch", "ctranslate2", "onnx"],
-        default="torch",
-        help="torch: this package's generate(); ctranslate2 or onnx (ONNX Runtime): a folder written by "
-        "scripts/export.py --to ctranslate2 / onnx",
-    )
+    add_engine_argument(parser)
     parser.add_argument("--input", help="input file (default: standard input)")
     parser.add_argument("--output", help="output file (default: standard output)")
     parser.add_argument("--num_beams", type=int, help="beam size (default: the model's, 4)")
@@ -55,12 +53,10 @@ def main() -> None:
         if args.output and not Path(args.output).absolute().parent.is_dir():
             raise FileNotFoundError(f"the folder of --output {args.output} does not exist")
         text = read_text(args.input) if args.input else decode_text(sys.stdin.buffer.read(), "<stdin>")
-        if args.engine == "ctranslate2":
-            engine = CTranslate2Translator(args.model, device=args.device)
-        elif args.engine == "onnx":
-            engine = OnnxTranslator(args.model, threads=torch.get_num_threads())
-        else:
+        if args.engine == "torch":
             model, tokenizer = load_translator(args.model, args.device)
+        else:
+            engine = load_export(args.engine, args.model, args.device)
     except (OSError, ValueError) as error:
         raise SystemExit(f"translate.py: {error}") from None
     lines = [line.rstrip("\n") for line in io.StringIO(text, newline=None)]  # one sentence per line, as `open`
