@@ -25,6 +25,21 @@ class ModelDataArguments:
     """What to train and on what: model size, corpus, vocabulary, sequence limits."""
 
     preset: str = field(default="small", metadata={"help": f"Model size: one of {sorted(PRESETS)}."})
+    preset_choices: str | None = field(
+        default=None,
+        metadata={
+            "help": "With --max_minutes: comma-separated presets to choose from by measured speed, largest first (e.g. "
+            "small,compact): the first that reaches --min_updates updates in the budget (at one of "
+            "--max_tokens_choices), else the last."
+        },
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={
+            "help": "Change the preset's sizes, as 'name=value' pairs separated by commas, e.g. "
+            "'d_model=192,encoder_ffn_dim=768,decoder_ffn_dim=768' (any field of VanillaTransformerConfig)."
+        },
+    )
     model_name_or_path: str | None = field(
         default=None,
         metadata={"help": "Fine-tune this saved model (folder or Hub id) with its own tokenizer instead of a preset."},
@@ -63,6 +78,14 @@ class ModelDataArguments:
         default=None, metadata={"help": "Evaluate on at most this many validation pairs during training."}
     )
     test_beams: int = field(default=4, metadata={"help": "Beam size for the final test evaluation (§6.1: 4)."})
+    length_penalty_choices: str | None = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated GNMT alphas (e.g. 0.6,1.0,1.4) to choose from by BLEU on the validation pairs "
+            "(max_eval_samples of them, beam search with test_beams) after averaging, as §6.1 chose alpha on the "
+            "development set; the choice goes into the model's generation config. Default: the paper's 0.6."
+        },
+    )
     attn_implementation: str | None = field(
         default=None,
         metadata={
@@ -174,8 +197,73 @@ def check_schedule_arguments(args: TransformerTrainingArguments) -> None:
         )
 
 
+def parse_config_overrides(text: str | None) -> dict:
+    """`'d_model=192,encoder_layers=2'` as `{"d_model": 192, "encoder_layers": 2}`, each value of its field's type in
+    the config; a ValueError names a pair that is not `name=value`, an unknown field or a value of the wrong kind."""
+    from .configuration_vanilla_transformer import VanillaTransformerConfig
+
+    if not text:
+        return {}
+    defaults = VanillaTransformerConfig().to_dict()
+    overrides = {}
+    for pair in text.split(","):
+        name, equals, value = (part.strip() for part in pair.partition("="))
+        if not equals or not name or not value:
+            raise ValueError(f"config_overrides: {pair.strip()!r} is invalid; expected name=value.")
+        if name not in defaults:
+            raise ValueError(f"config_overrides: {name!r} is not a field of VanillaTransformerConfig.")
+        default = defaults[name]
+        try:
+            if isinstance(default, bool):
+                if value.lower() not in ("true", "false"):
+                    raise ValueError
+                overrides[name] = value.lower() == "true"
+            elif isinstance(default, (int, float)) and not isinstance(default, bool):
+                overrides[name] = float(value) if "." in value or "e" in value.lower() else int(value)
+            elif default is None:
+                overrides[name] = int(value) if value.lstrip("-").isdigit() else value
+            else:
+                overrides[name] = type(default)(value)
+        except ValueError:
+            raise ValueError(
+                f"config_overrides: {name}={value!r} is invalid; expected a {type(default).__name__}."
+            ) from None
+    return overrides
+
+
+def length_penalty_choices(recipe: ModelDataArguments) -> list[float]:
+    """The GNMT alphas of `--length_penalty_choices` as numbers ([] when not given); a ValueError names a bad one."""
+    if not recipe.length_penalty_choices:
+        return []
+    alphas = []
+    for text in str(recipe.length_penalty_choices).split(","):
+        try:
+            alpha = float(text)
+        except ValueError:
+            alpha = -1.0
+        if not 0 <= alpha < float("inf"):
+            raise ValueError(
+                f"length_penalty_choices={recipe.length_penalty_choices!r} holds {text.strip()!r}; expected "
+                "comma-separated GNMT alphas of 0 or more (e.g. 0.6,1.0,1.4)."
+            )
+        alphas.append(alpha)
+    if recipe.test_beams <= 1 and len(alphas) > 1:
+        raise ValueError(
+            f"length_penalty_choices={recipe.length_penalty_choices!r} needs beam search: test_beams={recipe.test_beams} "
+            "decodes greedily, where alpha changes nothing."
+        )
+    return alphas
+
+
 def check_recipe_arguments(recipe: ModelDataArguments) -> None:
     """Raise a ValueError naming the value for recipe fields out of range."""
+    length_penalty_choices(recipe)
+    parse_config_overrides(recipe.config_overrides)
+    if recipe.config_overrides and recipe.model_name_or_path:
+        raise ValueError(
+            f"config_overrides={recipe.config_overrides!r} cannot change the sizes of the saved model "
+            f"{recipe.model_name_or_path!r}; give it with a --preset only."
+        )
     if recipe.max_minutes is not None and recipe.max_minutes <= 0:
         raise ValueError(f"max_minutes={recipe.max_minutes:g} is invalid; expected a positive number of minutes.")
     if recipe.peak_learning_rate is not None and recipe.peak_learning_rate <= 0:

@@ -43,13 +43,16 @@ BUDGET_FILE = "budget.json"
 # Decoding one test sentence with beam 4 costs about as much as training on this many tokens per side (an update's
 # time divided by its tokens per batch): 1,152 sentences took 64 s at 0.86 s per 2,048-token update (EPYC, AVX2,
 # fp32: 132 tokens), 75 s at 0.48 s per 1,024-token update (EPYC, fp32: 140), 22.4 s at 0.29 s per 2,048-token
-# update (Xeon, AMX, bf16: 137); greedy validation about half. Rounded up for a margin.
-DECODE_TOKENS_PER_SENTENCE = {1: 90, 4: 160}
+# update (Xeon, AMX, bf16: 137), 57 s at 0.54 s per 1,024-token update (a slower EPYC, fp32: 94); greedy validation
+# about half. The largest of them.
+DECODE_TOKENS_PER_SENTENCE = {1: 90, 4: 140}
 # What the planner keeps back: Trainer's own work per update (collation, scheduler, logging, token counting, the
-# first touches of memory in a new process), measured as real updates against the calibration's on the EPYC (fp32):
-# 0.835 s against 0.75 s with 2,048-token batches, 0.51 s against 0.42 s with 1,024 (validation and checkpoints
-# apart); and the averaging, plots and model card after training.
-TRAINER_OVERHEAD = 1.15
+# first touches of memory in a new process), measured as real updates against the calibration's (validation and
+# checkpoints apart): on an EPYC (fp32) 0.835 s against 0.75 s with 2,048-token batches, 0.51 s against 0.42 s with
+# 1,024; on a slower EPYC 0.517 s against 0.485 s and 0.563 s against 0.518 s with 1,024 (runs A and C of
+# docs/cpu_recipe.md). Planning near the low end leaves less of the budget unused; a run that turns out slower
+# stops at the deadline, saved, and averages its end.
+TRAINER_OVERHEAD = 1.08
 FINISHING_SECONDS = 30.0
 SAFETY = 0.97  # of the training time left, for the noise of a shared machine
 
@@ -74,6 +77,7 @@ class BudgetPlan:
     precision: str  # "bf16" or "fp32"
     attn_implementation: str | None
     max_tokens: int | None = None  # padded source (and target) tokens per batch
+    preset: str | None = None  # the model size chosen from preset_choices (None: the recipe's preset)
     max_minutes: float | None = None  # None: the length was given (--max_steps)
     seconds_per_update: float | None = None  # measured, for the chosen precision and attention
     planned_training_seconds: float | None = None  # updates, validation and checkpoints
@@ -260,6 +264,28 @@ def token_choices(recipe) -> list[int]:
     return choices
 
 
+def preset_choices(recipe) -> list[str]:
+    """The model sizes the planner may choose from, largest first: `preset_choices` where the run's preset is their
+    first (the recipe's own), else the run's preset alone (`--preset tiny` over the CPU recipe trains tiny)."""
+    from .configuration_vanilla_transformer import PRESETS
+
+    if not recipe.preset_choices:
+        return [recipe.preset]
+    choices = [name.strip() for name in recipe.preset_choices.split(",") if name.strip()]
+    unknown = [name for name in choices if name not in PRESETS]
+    if not choices or unknown:
+        raise ValueError(
+            f"preset_choices={recipe.preset_choices!r} is invalid; expected presets from {sorted(PRESETS)} "
+            "separated by commas, largest first, such as 'small,compact'."
+        )
+    if recipe.model_name_or_path:
+        raise ValueError(
+            f"preset_choices={recipe.preset_choices!r} cannot apply to the saved model {recipe.model_name_or_path!r}; "
+            "give one or the other."
+        )
+    return choices if choices[0] == recipe.preset else [recipe.preset]
+
+
 def _candidates(recipe, args) -> tuple[list[str], list[str | None]]:
     """The precisions and attention implementations to measure (one each where the recipe fixed them)."""
     if recipe.precision == "auto":
@@ -278,23 +304,44 @@ def accumulation_for(recipe, args, max_tokens: int) -> int:
     )
 
 
-def new_plan(recipe, args, model, train, batches_of, collator, evaluation, test_pairs, started, budgeted) -> BudgetPlan:
+def new_plan(
+    recipe, args, model, train, batches_of, collator, evaluation, test_pairs, started, budgeted, build=None
+) -> BudgetPlan:
     """A new plan for the run described by `recipe` and `args` (the two argument dataclasses of training.py):
     measured where the budget or an `auto` choice asks for it, then its length and schedule. `batches_of(max_tokens)`
-    gives the training batch sampler of a batch size."""
+    gives the training batch sampler of a batch size; `build(preset)` a new model of another preset, to measure
+    the recipe's `preset_choices` (the model of each is thrown away)."""
     sizes = token_choices(recipe) if budgeted else [recipe.max_tokens]
-    # 1. Precision, attention and the time of a batch at each allowed size (measured, or as given).
-    precision, attention, per_size, measured, reasons = _measure_choices(
-        recipe, args, model, train, batches_of, collator, sizes, measure_all=budgeted
-    )
-    # 2. The number of updates (and the batch size): what fits the budget, or as given.
-    training_seconds = decode = None
-    if budgeted:
-        max_tokens, max_steps, seconds_per_update, training_seconds, decode, reason = _fit_budget(
-            recipe, args, model, batches_of, evaluation, test_pairs, sizes, per_size, started
+    presets = preset_choices(recipe) if budgeted and build is not None else [recipe.preset]
+    training_seconds = decode = chosen_preset = fixed = None
+    measured, reasons = {}, []
+    for index, preset in enumerate(presets):
+        candidate = model if preset == recipe.preset else build(preset)
+        # 1. Precision, attention and the time of a batch at each allowed size (measured, or as given); a smaller
+        #    preset keeps the precision and attention measured on the first.
+        precision, attention, per_size, measured_here, reasons_here = _measure_choices(
+            recipe, args, candidate, train, batches_of, collator, sizes, measure_all=budgeted, fixed=fixed
         )
-        reasons.append(reason)
-    else:
+        fixed = (precision, attention)
+        prefix = f"{preset}/" if len(presets) > 1 else ""
+        measured.update({prefix + name: seconds for name, seconds in measured_here.items()})
+        reasons = reasons or reasons_here
+        if not budgeted:
+            break
+        # 2. The number of updates (and the batch size): what fits the budget.
+        max_tokens, max_steps, seconds_per_update, training_seconds, decode, reason, enough = _fit_budget(
+            recipe, args, candidate, batches_of, evaluation, test_pairs, sizes, per_size, started
+        )
+        if enough or index == len(presets) - 1:
+            if len(presets) > 1:
+                chosen_preset = preset
+                rule = "the largest that gives" if enough else "none gives"
+                reason = (
+                    f"the {preset} model ({', '.join(presets)}: {rule} {recipe.min_updates or 0:,} updates); {reason}"
+                )
+            reasons.append(reason)
+            break
+    if not budgeted:
         max_tokens = sizes[0]
         seconds_per_update = per_size.get(max_tokens)
         per_epoch = updates_per_epoch(
@@ -329,6 +376,7 @@ def new_plan(recipe, args, model, train, batches_of, collator, evaluation, test_
         precision=precision,
         attn_implementation=attention,
         max_tokens=max_tokens,
+        preset=chosen_preset,
         max_minutes=recipe.max_minutes if budgeted else None,
         seconds_per_update=seconds_per_update,
         planned_training_seconds=training_seconds,
@@ -338,11 +386,12 @@ def new_plan(recipe, args, model, train, batches_of, collator, evaluation, test_
     )
 
 
-def _measure_choices(recipe, args, model, train, batches_of, collator, sizes, measure_all):
+def _measure_choices(recipe, args, model, train, batches_of, collator, sizes, measure_all, fixed=None):
     """(precision, attention, {max_tokens: seconds per batch}, measurements, reasons). Every precision and
-    attention the recipe leaves open is measured on real batches of the largest size (on copies of the model), then
-    the fastest at the other sizes; nothing is measured where nothing is open and no budget asks for a time."""
-    precisions, attentions = _candidates(recipe, args)
+    attention the recipe leaves open (one pair where `fixed` gives it) is measured on real batches of the largest
+    size (on copies of the model), then the fastest at the other sizes; nothing is measured where nothing is open
+    and no budget asks for a time."""
+    precisions, attentions = ([fixed[0]], [fixed[1]]) if fixed else _candidates(recipe, args)
     if not measure_all and len(precisions) * len(attentions) == 1:
         return precisions[0], attentions[0], {}, {}, []
     device = torch.device("cuda") if torch.cuda.is_available() and not args.use_cpu else torch.device("cpu")
@@ -369,8 +418,9 @@ def _measure_choices(recipe, args, model, train, batches_of, collator, sizes, me
 
 
 def _fit_budget(recipe, args, model, batches_of, evaluation, test_pairs, sizes, per_size, started):
-    """(max_tokens, updates, seconds per update, planned training seconds, predicted decoding seconds, reason): the
-    largest batch size that still gives `min_updates` updates in the budget, else the smallest."""
+    """(max_tokens, updates, seconds per update, planned training seconds, predicted decoding seconds, reason,
+    enough): the largest batch size that still gives `min_updates` updates in the budget (enough), else the
+    smallest."""
     checkpoint_seconds = measure_checkpoint_seconds(model) if recipe.checkpoints_per_run else 0.0
     for max_tokens in sizes:
         accumulation = accumulation_for(recipe, args, max_tokens)
@@ -397,7 +447,7 @@ def _fit_budget(recipe, args, model, batches_of, evaluation, test_pairs, sizes, 
             if enough
             else f"none gives {recipe.min_updates or 0:,} updates here)"
         )
-    return max_tokens, max_steps, seconds_per_update, training_seconds, decode, reason
+    return max_tokens, max_steps, seconds_per_update, training_seconds, decode, reason, enough
 
 
 def _choice_reasons(recipe, precisions, attentions, measured, precision, attention) -> list[str]:
@@ -431,6 +481,9 @@ def _updates_for_budget(
     `tokens` padded tokens per side and process."""
     update = seconds_per_update * TRAINER_OVERHEAD
     decode = decode_seconds(test_pairs, recipe.test_beams, update, tokens)
+    if evaluation is not None and recipe.length_penalty_choices:  # choosing alpha: each choice decodes validation
+        alphas = len(str(recipe.length_penalty_choices).split(","))
+        decode += alphas * decode_seconds(len(evaluation), recipe.test_beams, update, tokens)
     checkpoints = recipe.checkpoints_per_run or 0
     validates = args.eval_strategy == "steps" and evaluation is not None
     validations = (recipe.evaluations_per_run or 0) if validates else 0
@@ -444,9 +497,10 @@ def _updates_for_budget(
     budget = recipe.max_minutes * 60
     left = (budget - spent - decode - FINISHING_SECONDS) * SAFETY
     fit = updates_that_fit(left, update, checkpoints, checkpoint_seconds, validations, validation_seconds)
+    with_alpha = ", with the choice of alpha" if evaluation is not None and recipe.length_penalty_choices else ""
     reason = (
         f"{fit:,} updates fit {left / 60:.1f} training minutes of the {recipe.max_minutes:g}-minute budget "
-        f"({update:.2f} s each; set-up so far {spent / 60:.1f} min, test decoding {decode / 60:.1f} min predicted)"
+        f"({update:.2f} s each; set-up so far {spent / 60:.1f} min, test decoding {decode / 60:.1f} min predicted{with_alpha})"
     )
     if recipe.max_epochs is not None and fit > recipe.max_epochs * per_epoch:
         fit = max(1, math.floor(recipe.max_epochs * per_epoch))

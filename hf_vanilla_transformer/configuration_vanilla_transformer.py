@@ -24,7 +24,8 @@ from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
 
-# The two sizes of the paper (§6.1, Table 3) and two small ones: `tiny` for tests, `small` for quick CPU runs.
+# The two sizes of the paper (§6.1, Table 3) and smaller ones: `small` and `compact` (1.5x its speed) for CPU runs,
+# `tiny` for tests.
 PRESETS: dict[str, dict] = {
     "base": dict(
         d_model=512,
@@ -54,6 +55,16 @@ PRESETS: dict[str, dict] = {
         decoder_attention_heads=4,
         encoder_ffn_dim=1024,
         decoder_ffn_dim=1024,
+        dropout=0.1,
+    ),
+    "compact": dict(
+        d_model=192,
+        encoder_layers=3,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=768,
+        decoder_ffn_dim=768,
         dropout=0.1,
     ),
     "tiny": dict(
@@ -181,7 +192,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> VanillaTransformerConfig:
-        """A config for one of the named sizes (`base`, `big`, `small`, `tiny`), with `overrides` on top."""
+        """A config for one of the named sizes (`base`, `big`, `small`, `compact`, `tiny`), with `overrides` on top."""
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; expected one of {sorted(PRESETS)}.")
         return cls(**{**PRESETS[name], **overrides})

@@ -46,6 +46,14 @@ def render_model_card(results: dict, repo_id: str | None = None, plots: list[str
         "chrf_signature": test["chrf_signature"],
         "test_pairs": test["pairs"],
         "test_beams": test["beams"],
+        "length_penalty": f"{test.get('length_penalty', 0.6):g}",
+        "length_penalty_choice": (
+            " (chosen by validation BLEU from "
+            + ", ".join(results["length_penalty_choice"]["validation_bleu"])
+            + ", as §6.1 chose α on the development set)"
+            if results.get("length_penalty_choice")
+            else ""
+        ),
         "train_pairs": data["train_pairs"],
         "validation_pairs": data["validation_pairs"],
         "encoder_layers": model["encoder_layers"],
@@ -100,6 +108,9 @@ REMOTE_CODE_FILES = (
     "decoding_vanilla_transformer.py",
     "inputs_vanilla_transformer.py",
     "loss_vanilla_transformer.py",
+    "padding_vanilla_transformer.py",
+    "prenorm_vanilla_transformer.py",
+    "tying_vanilla_transformer.py",
 )
 COPIED = (
     "generation_config.json",

@@ -174,3 +174,20 @@ def evaluate_translations(
     """Translate `sources` and score them against `references`: (sacreBLEU/chrF result, hypotheses)."""
     hypotheses = translate(model, tokenizer, sources, **translate_kwargs)
     return compute_bleu(hypotheses, references, tokenized=tokenized_bleu), hypotheses
+
+
+def choose_length_penalty(
+    model, tokenizer, sources: list[str], references: list[str], alphas: list[float], **translate_kwargs
+) -> tuple[float, dict[float, float]]:
+    """The GNMT α (§6.1: "chosen after experimentation on the development set") that gives the highest BLEU on
+    these development pairs with beam search: (the best α, {α: BLEU}). A tie keeps the earlier α of `alphas`."""
+    if not alphas:
+        raise ValueError("choose_length_penalty needs at least one alpha to try.")
+    scores = {}
+    for alpha in alphas:
+        result, _ = evaluate_translations(
+            model, tokenizer, sources, references, tokenized_bleu=False, length_penalty=alpha, **translate_kwargs
+        )
+        scores[alpha] = result["score"]
+    best = max(alphas, key=lambda alpha: (scores[alpha], -alphas.index(alpha)))
+    return best, scores

@@ -37,3 +37,20 @@ def _check_mask(name: str, mask: torch.Tensor | None, expected: tuple[int, ...])
     """Raise a ValueError naming `name` when a 2-D padding mask does not have the `expected` shape."""
     if mask is not None and mask.dim() == 2 and tuple(mask.shape) != expected:
         raise ValueError(f"{name} has shape {tuple(mask.shape)}; expected {expected} to match the token ids.")
+
+
+def check_decoder_inputs(
+    config, input_ids, inputs_embeds, attention_mask, encoder_hidden_states, encoder_attention_mask, past_length
+):
+    """The decoder's checks, outside `torch.compile`: its ids (a user's prompt or a training batch; not the single
+    token `generate()` feeds back at each later step), and its masks against the target and the encoder output."""
+    if not _eager():
+        return
+    first_pass = not torch.is_tensor(past_length) and past_length == 0
+    if input_ids is not None and (first_pass or input_ids.shape[-1] > 1):
+        _check_ids("decoder_input_ids", input_ids, config.vocab_size)
+    target = input_ids if input_ids is not None else inputs_embeds
+    if target is not None:
+        expected = (target.shape[0], int(past_length) + target.shape[1])
+        _check_mask("decoder_attention_mask", attention_mask, expected)
+    _check_mask("attention_mask", encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]))

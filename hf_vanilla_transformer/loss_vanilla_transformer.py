@@ -6,6 +6,43 @@ Imported relatively by the modeling file, and copied beside it by `save_pretrain
 import torch
 from torch import nn
 
+from .inputs_vanilla_transformer import _check_ids, _eager
+
+
+def loss_labels(labels: torch.Tensor, vocab_size: int, pad_token_id: int | None, eos_token_id: int | None):
+    """`labels` checked (ids in the vocabulary, or -100), with padding turned into -100 unless it is also `</s>`."""
+    if _eager():
+        _check_ids("labels", labels, vocab_size, allow=(-100,))
+    if pad_token_id is not None and pad_token_id != eos_token_id:
+        labels = labels.masked_fill(labels == pad_token_id, -100)
+    return labels
+
+
+def project_and_score(
+    hidden_states: torch.Tensor,
+    lm_head: nn.Linear,
+    labels: torch.Tensor | None,
+    epsilon: float,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    training: bool = False,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(loss, logits) of the decoder's output `hidden_states` (B, T, D) under the output projection `lm_head`.
+
+    Training with labels, only the labelled positions are projected (padding costs nothing), chunk by chunk so that
+    the (tokens, vocabulary) logits never exist at once, and `logits` is None. Otherwise (evaluation, no labels, or
+    under `torch.compile`, where the selection of labelled positions has a data-dependent size) the full (B, T, V)
+    logits are returned with the same loss.
+    """
+    if labels is not None and training and _eager():
+        labelled = labels != -100  # (B, T)
+        loss = linear_label_smoothed_loss(
+            hidden_states[labelled], lm_head.weight, labels[labelled], epsilon, num_items_in_batch
+        )
+        return loss, None
+    logits = lm_head(hidden_states)  # (B, T, V)
+    loss = label_smoothed_loss(logits, labels, epsilon, num_items_in_batch) if labels is not None else None
+    return loss, logits
+
 
 def label_smoothed_loss(
     logits: torch.Tensor,

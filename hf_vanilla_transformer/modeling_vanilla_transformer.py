@@ -5,9 +5,11 @@ by encoder input, decoder input and output projection, scaled by sqrt(d_model) (
 computed for any length (§3.5), dropout as in §5.4 and label-smoothed loss (§5.4).
 
 What the paper describes lives here. Its siblings hold the rest: the loss (loss_vanilla_transformer.py), the decoding
-rules of §6.1 (decoding_vanilla_transformer.py) and the input checks (inputs_vanilla_transformer.py). These files
-import only torch, transformers and each other, relatively, so `save_pretrained` copies them all and the folder loads
-with `trust_remote_code=True` where this package is not installed.
+rules of §6.1 (decoding_vanilla_transformer.py), the input checks (inputs_vanilla_transformer.py), the padding skip
+(padding_vanilla_transformer.py), the pre-LN variant (prenorm_vanilla_transformer.py) and the shared matrix under
+transformers' tied-weight bookkeeping (tying_vanilla_transformer.py). These files import only torch, transformers and
+each other, relatively, so `save_pretrained` copies them all and the folder loads with `trust_remote_code=True` where
+this package is not installed.
 
 Shape legend: B batch, S source length, T target length (new tokens), P cached target length, H heads,
 D d_model, Dk / Dv per-head query-key / value size, F FFN inner size, V vocabulary.
@@ -43,8 +45,11 @@ from .decoding_vanilla_transformer import (
     default_generation_config,
     gnmt_length_penalty,
 )
-from .inputs_vanilla_transformer import _check_ids, _check_mask, _eager
-from .loss_vanilla_transformer import label_smoothed_loss, linear_label_smoothed_loss
+from .inputs_vanilla_transformer import _check_ids, _check_mask, _eager, check_decoder_inputs
+from .loss_vanilla_transformer import label_smoothed_loss, linear_label_smoothed_loss, loss_labels, project_and_score
+from .padding_vanilla_transformer import decoder_token_index, positionwise, real_token_index
+from .prenorm_vanilla_transformer import PreLNDecoderLayerForward, PreLNEncoderLayerForward
+from .tying_vanilla_transformer import SharedEmbeddingTyingMixin
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -230,15 +235,9 @@ class VanillaTransformerFeedForward(nn.Module):
         self.activation_dropout = config.activation_dropout
 
     def forward(self, hidden_states: torch.Tensor, token_index: torch.Tensor | None = None) -> torch.Tensor:
-        """FFN of every position of `hidden_states` (B, L, D), or with `token_index` (flat indices into B * L) of
-        those positions only: the others (padding) get zeros and cost nothing. The FFN is position-wise, so the
-        positions it computes get exactly what the full computation gives them."""
-        if token_index is None:
-            return self._ffn(hidden_states)
-        batch, length, _ = hidden_states.shape
-        tokens = self._ffn(hidden_states.reshape(batch * length, -1).index_select(0, token_index))  # (N, D)
-        output = tokens.new_zeros(batch * length, tokens.shape[-1]).index_copy(0, token_index, tokens)
-        return output.view(batch, length, -1)
+        """FFN of every position of `hidden_states` (B, L, D), or only of those in `token_index` (the padding skip,
+        padding_vanilla_transformer.py)."""
+        return positionwise(self._ffn, hidden_states, token_index)
 
     def _ffn(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.activation_fn(self.fc1(hidden_states))  # (..., F)
@@ -304,9 +303,7 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
     ) -> torch.Tensor:
         # 1. Masked self-attention sub-layer: position i sees positions <= i (§3.2.3).
         residual = hidden_states
-        hidden_states, _ = self.self_attn(
-            hidden_states, attention_mask=attention_mask, cache=cache, **kwargs
-        )
+        hidden_states, _ = self.self_attn(hidden_states, attention_mask=attention_mask, cache=cache, **kwargs)
         hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
         hidden_states = self.self_attn_layer_norm(residual + hidden_states)
 
@@ -326,40 +323,12 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         return hidden_states  # (B, T, D)
 
 
-class VanillaTransformerPreLNEncoderLayer(VanillaTransformerEncoderLayer):
-    """Not the paper: `config.pre_layer_norm` wraps each sub-layer as x + Dropout(Sublayer(LayerNorm(x))) (Xiong et
-    al. 2020), with the same parameters and names; the stack then ends with a LayerNorm of its own."""
-
-    def forward(self, hidden_states, attention_mask=None, token_index=None, **kwargs: Unpack[TransformersKwargs]):
-        attended, _ = self.self_attn(self.self_attn_layer_norm(hidden_states), attention_mask=attention_mask, **kwargs)
-        hidden_states = hidden_states + nn.functional.dropout(attended, p=self.dropout, training=self.training)
-        transformed = self.ffn(self.final_layer_norm(hidden_states), token_index)
-        return hidden_states + nn.functional.dropout(transformed, p=self.dropout, training=self.training)
+class VanillaTransformerPreLNEncoderLayer(PreLNEncoderLayerForward, VanillaTransformerEncoderLayer):
+    """Not the paper: `config.pre_layer_norm`, the same parameters wired pre-LN (prenorm_vanilla_transformer.py)."""
 
 
-class VanillaTransformerPreLNDecoderLayer(VanillaTransformerDecoderLayer):
-    """Not the paper: the pre-LN decoder layer (see `VanillaTransformerPreLNEncoderLayer`)."""
-
-    def forward(
-        self,
-        hidden_states,
-        attention_mask=None,
-        encoder_hidden_states=None,
-        encoder_attention_mask=None,
-        cache=None,
-        token_index=None,
-        **kwargs: Unpack[TransformersKwargs],
-    ):
-        normed = self.self_attn_layer_norm(hidden_states)
-        attended, _ = self.self_attn(normed, attention_mask=attention_mask, cache=cache, **kwargs)
-        hidden_states = hidden_states + nn.functional.dropout(attended, p=self.dropout, training=self.training)
-        normed = self.encoder_attn_layer_norm(hidden_states)
-        attended, _ = self.encoder_attn(
-            normed, encoder_hidden_states, encoder_attention_mask, cache=cache, **kwargs
-        )
-        hidden_states = hidden_states + nn.functional.dropout(attended, p=self.dropout, training=self.training)
-        transformed = self.ffn(self.final_layer_norm(hidden_states), token_index)
-        return hidden_states + nn.functional.dropout(transformed, p=self.dropout, training=self.training)
+class VanillaTransformerPreLNDecoderLayer(PreLNDecoderLayerForward, VanillaTransformerDecoderLayer):
+    """Not the paper: `config.pre_layer_norm`, the same parameters wired pre-LN (prenorm_vanilla_transformer.py)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -367,7 +336,7 @@ class VanillaTransformerPreLNDecoderLayer(VanillaTransformerDecoderLayer):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class VanillaTransformerPreTrainedModel(PreTrainedModel):
+class VanillaTransformerPreTrainedModel(SharedEmbeddingTyingMixin, PreTrainedModel):
     """Initialisation as the reference implementations (fairseq, tensor2tensor, `torch.nn.Transformer`):
 
     * embeddings (shared, and learned positions) ~ N(0, d_model^-0.5), so that embeddings times sqrt(d_model) have
@@ -375,6 +344,8 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     * query/key/value projections Xavier-uniform with gain 1/sqrt(2) (what fairseq uses and what
       `torch.nn.Transformer` gives its fused in-projection), every other linear layer Xavier-uniform; biases zero;
     * LayerNorm weight 1, bias 0.
+
+    The one shared matrix's bookkeeping on save and load is `SharedEmbeddingTyingMixin`'s (tying_vanilla_transformer.py).
     """
 
     config: VanillaTransformerConfig
@@ -403,33 +374,6 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
 
-    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
-        # Source and target embeddings are one matrix whatever `tie_word_embeddings` says (§3.4); that flag only
-        # decides whether the output projection shares it too.
-        if all_submodels:
-            return super().get_expanded_tied_weights_keys(all_submodels=True)
-        tied = dict(self._tied_weights_keys or {})
-        if not self.config.tie_word_embeddings:
-            tied.pop("lm_head.weight", None)
-        return tied
-
-    def mark_tied_weights_as_initialized(self, loading_info) -> None:
-        """`from_pretrained`: a tied matrix that the checkpoint holds under none of its names stays missing.
-
-        The stacks hold the shared embedding module itself, so all names of the matrix are one parameter. transformers
-        marks the tied names (`lm_head.weight`, `*.embed_tokens.weight`) as initialised, which marks that parameter;
-        its bookkeeping for custom-code models then drops the source name (`shared.weight`) from the missing keys too,
-        and the matrix would stay on the meta device, unreported. Keeping every name of such a matrix missing makes
-        transformers report it, materialise it, initialise it (`_init_weights`) and tie the others to it.
-        """
-        groups: dict[str, set[str]] = {}
-        for target, source in self.all_tied_weights_keys.items():
-            groups.setdefault(source, {source}).add(target)
-        absent = [names for names in groups.values() if names <= loading_info.missing_keys]
-        super().mark_tied_weights_as_initialized(loading_info)
-        for names in absent:
-            loading_info.missing_keys |= names
-
 
 class _VanillaTransformerStack(VanillaTransformerPreTrainedModel):
     """What both stacks share: token embedding times sqrt(d_model) plus positions, then dropout (§3.4, §3.5, §5.4)."""
@@ -456,15 +400,6 @@ class _VanillaTransformerStack(VanillaTransformerPreTrainedModel):
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
-
-    @staticmethod
-    def real_token_index(keep: torch.Tensor | None) -> torch.Tensor | None:
-        """Flat indices of the positions to compute in the position-wise sub-layers, from a (B, L) mask of them;
-        None when there is nothing to skip (no mask, or no padding) and under `torch.compile` (the index has a
-        data-dependent size), which keeps the dense path."""
-        if keep is None or keep.dim() != 2 or not _eager() or bool(keep.all()):
-            return None
-        return keep.reshape(-1).nonzero().squeeze(1)
 
     def embed(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, start: int | torch.Tensor = 0
@@ -523,8 +458,8 @@ class VanillaTransformerEncoder(_VanillaTransformerStack):
         hidden_states = self.embed(input_ids, inputs_embeds)  # (B, S, D)
         _check_mask("attention_mask", attention_mask, tuple(hidden_states.shape[:2]))
 
-        # Padding is never attended to: its FFN is skipped (its outputs are zeros, unused by any real position).
-        token_index = self.real_token_index(attention_mask.bool() if attention_mask is not None else None)
+        # The padding skip: padding is never attended to, so its FFN is skipped.
+        token_index = real_token_index(attention_mask.bool() if attention_mask is not None else None)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
         )
@@ -580,16 +515,19 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
         # The cached target length: an int, or a 0-d tensor once a static cache holds something.
         past_length = cache.get_seq_length() if cache is not None else 0
         first_pass = not torch.is_tensor(past_length) and past_length == 0
-        # Ids the model generated itself need no check; a user's prompt or a training batch does.
-        if input_ids is not None and _eager() and (first_pass or input_ids.shape[-1] > 1):
-            _check_ids("decoder_input_ids", input_ids, self.config.vocab_size)
+        check_decoder_inputs(
+            self.config,
+            input_ids,
+            inputs_embeds,
+            attention_mask,
+            encoder_hidden_states,
+            encoder_attention_mask,
+            past_length,
+        )
 
         # 1. Target embeddings at positions past_length .. past_length + T - 1: a step at position t uses PE(t).
         hidden_states = self.embed(input_ids, inputs_embeds, start=past_length)  # (B, T, D)
         batch, length = hidden_states.shape[:2]
-        if _eager():
-            _check_mask("decoder_attention_mask", attention_mask, (batch, int(past_length) + length))
-            _check_mask("attention_mask", encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]))
 
         # 2. Masks: causal (+ target padding) for self-attention, source padding for cross-attention.
         self_attention_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
@@ -606,15 +544,10 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
             encoder_hidden_states=encoder_hidden_states,
         )
 
-        # 3. The layers. The FFN skips positions no needed position can see: those after each sentence's last
-        #    needed one (from the labels, under the causal mask), or those a 2-D decoder mask leaves out.
+        # 3. The layers. The padding skip: the FFN skips positions no needed position can see.
         token_index = None
         if first_pass and length > 1:
-            if token_mask is not None:
-                _check_mask("token_mask", token_mask, (batch, length))
-                token_index = self.real_token_index(token_mask.bool().flip(1).cummax(1).values.flip(1))
-            elif attention_mask is not None and attention_mask.dim() == 2:
-                token_index = self.real_token_index(attention_mask.bool())
+            token_index = decoder_token_index(token_mask, attention_mask, (batch, length))
         for layer in self.layers:
             hidden_states = layer(
                 hidden_states,
@@ -804,22 +737,17 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         Returns a `Seq2SeqLMOutput`, or its `to_tuple()` with `return_dict=False` (per call or in the config).
         """
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        labelled = None  # (B, T): the positions that count in the loss
         if labels is not None:
-            if _eager():
-                _check_ids("labels", labels, self.config.vocab_size, allow=(-100,))
-            pad, eos = self.config.pad_token_id, self.config.eos_token_id
-            if pad is not None and pad != eos:
-                labels = labels.masked_fill(labels == pad, -100)
+            config = self.config
+            labels = loss_labels(labels, config.vocab_size, config.pad_token_id, config.eos_token_id)  # padding: -100
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-            labelled = labels != -100
 
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
-            decoder_token_mask=labelled,
+            decoder_token_mask=labels != -100 if labels is not None else None,  # the positions that count
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
@@ -830,23 +758,16 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             return_dict=True,
             **kwargs,
         )
-        hidden_states = outputs.last_hidden_state  # (B, T, D)
-        loss = logits = None
-        if labels is not None and self.training and _eager():
-            # Training: project only the positions that count in the loss (padding costs nothing), chunk by chunk
-            # so that the (tokens, vocabulary) logits never exist at once; `logits` stays None. Under
-            # `torch.compile` (no data-dependent selection) the dense path below computes the same loss.
-            loss = linear_label_smoothed_loss(
-                hidden_states[labelled],
-                self.lm_head.weight,
-                labels[labelled],
-                self.config.label_smoothing,
-                num_items_in_batch,
-            )
-        else:
-            logits = self.lm_head(hidden_states)  # (B, T, V)
-            if labels is not None:
-                loss = label_smoothed_loss(logits, labels, self.config.label_smoothing, num_items_in_batch)
+        # The output projection and softmax (§3.4) with the label-smoothed loss (§5.4): training projects only the
+        # labelled positions and returns no logits (loss_vanilla_transformer.py).
+        loss, logits = project_and_score(
+            outputs.last_hidden_state,
+            self.lm_head,
+            labels,
+            self.config.label_smoothing,
+            num_items_in_batch,
+            self.training,
+        )
 
         return Seq2SeqLMOutput(
             loss=loss,

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -35,6 +36,8 @@ from .arguments import (
     TransformerTrainingArguments,
     check_recipe_arguments,
     check_schedule_arguments,
+    length_penalty_choices,
+    parse_config_overrides,
 )
 from .averaging import average_last_checkpoints, checkpoint_step
 from .batching import TokenBudgetBatchSampler
@@ -108,7 +111,7 @@ def vocab_size_for(recipe: ModelDataArguments, train) -> int:
 
 def build_model(recipe: ModelDataArguments, tokenizer) -> VanillaTransformerForConditionalGeneration:
     """A new model of the preset's size with the tokenizer's vocabulary, or the saved model to fine-tune."""
-    overrides = {}
+    overrides = parse_config_overrides(recipe.config_overrides)
     if recipe.dropout is not None:
         overrides["dropout"] = recipe.dropout
     if recipe.label_smoothing is not None:
@@ -181,7 +184,16 @@ def prepare_run(
     if evaluation is not None and recipe.max_eval_samples is not None:
         evaluation = evaluation.select(range(min(recipe.max_eval_samples, len(evaluation))))
     test_pairs = len(corpus["test"] if "test" in corpus else corpus.get("validation", []))
-    plan = plan_run(recipe, args, model, train, batches_of, collator, evaluation, test_pairs, resume, started)
+
+    def build(preset: str) -> VanillaTransformerForConditionalGeneration:  # another size, for the planner
+        return build_model(dataclasses.replace(recipe, preset=preset), tokenizer)
+
+    plan = plan_run(recipe, args, model, train, batches_of, collator, evaluation, test_pairs, resume, started, build)
+    if plan.preset and plan.preset != recipe.preset:  # the planner chose another size: train that one
+        recipe.preset = plan.preset
+        set_seed(args.seed)
+        model = build_model(recipe, tokenizer)
+        collator = DataCollatorForSeq2Seq(tokenizer, model=model)
     apply_plan(plan, recipe, args, model)
     sampler = batches_of(recipe.max_tokens)
     args.gradient_accumulation_steps = accumulation_for(recipe, args, recipe.max_tokens)
@@ -227,6 +239,7 @@ def plan_run(
     test_pairs: int,
     resume: str | None,
     started: float,
+    build=None,
 ) -> BudgetPlan:
     """The run's plan: the recorded one when resuming a run that has one; else measured (where the budget or an
     `auto` choice asks for it) and computed. Under several processes every process measures (as they will train,
@@ -237,7 +250,7 @@ def plan_run(
         if kept is not None:
             logger.info("keeping the plan of the run being resumed: %s", kept.summary())
             return kept
-    plan = new_plan(recipe, args, model, train, batches_of, collator, evaluation, test_pairs, started, budgeted)
+    plan = new_plan(recipe, args, model, train, batches_of, collator, evaluation, test_pairs, started, budgeted, build)
     plan = broadcast_object_list([plan])[0]
     if args.should_save:
         save_json(Path(args.output_dir) / BUDGET_FILE, plan.to_dict())
@@ -412,22 +425,60 @@ def _train_and_evaluate(
     tokenizer.save_pretrained(output_dir)
     model.to(trainer.args.device)
 
-    # 2. Test BLEU with the paper's beam search.
+    # 2. The GNMT alpha of the beam search, chosen on the validation pairs where the recipe asks for it (§6.1).
+    decode_started = time.time()
+    alpha_choice = choose_alpha(recipe, model, tokenizer, corpus, output_dir)
+
+    # 3. Test BLEU with the paper's beam search.
     test = corpus["test"] if "test" in corpus else corpus["validation"]
     sources, references = list(test["source"]), list(test["target"])
-    decode_started = time.time()
     scores, hypotheses = evaluate_translations(model, tokenizer, sources, references, num_beams=recipe.test_beams)
     decode_seconds = time.time() - decode_started
 
-    # 3. Results, log and card.
+    # 4. Results, log and card.
     timing = {"started": started, "train": train_seconds, "decode": decode_seconds, "resumed_at": resume}
     texts = (sources, references, hypotheses)
     results = run_results(recipe, args, trainer, model, corpus, averaged, scores, texts, timing, command, examples)
+    results["test"]["length_penalty"] = model.generation_config.length_penalty
+    if alpha_choice:
+        results["length_penalty_choice"] = alpha_choice
     save_json(output_dir / "training_log.json", {"log_history": trainer.state.log_history})
     save_json(output_dir / "results.json", results)
     plots = write_run_plots(model, tokenizer, trainer.state.log_history, output_dir / "plots", plot_sentence(sources))
     write_model_card(output_dir, results, plots=[str(path.relative_to(output_dir)) for path in plots])
     return results
+
+
+def choose_alpha(recipe: ModelDataArguments, model, tokenizer, corpus: DatasetDict, output_dir: Path) -> dict | None:
+    """With `--length_penalty_choices`, decode the first `max_eval_samples` validation pairs with each alpha (beam
+    search, `test_beams`), keep the best in the model's generation config (saved in `output_dir`) and return what was
+    measured; None (and the model's alpha unchanged) without choices or without a validation split."""
+    from .inference import choose_length_penalty
+
+    alphas = length_penalty_choices(recipe)
+    if not alphas or "validation" not in corpus:
+        return None
+    validation = corpus["validation"]
+    if recipe.max_eval_samples is not None:
+        validation = validation.select(range(min(recipe.max_eval_samples, len(validation))))
+    sources, references = list(validation["source"]), list(validation["target"])
+    best, bleu = choose_length_penalty(
+        model, tokenizer, sources, references, alphas, num_beams=recipe.test_beams, progress=False
+    )
+    model.generation_config.length_penalty = best
+    model.generation_config.save_pretrained(output_dir)
+    described = ", ".join(f"{alpha:g}: {score:.2f}" for alpha, score in bleu.items())
+    print(
+        f"Length penalty: GNMT alpha {best:g} (validation BLEU on {len(sources)} pairs, beam {recipe.test_beams}: "
+        f"{described}).",
+        flush=True,
+    )
+    return {
+        "chosen": best,
+        "validation_bleu": {f"{alpha:g}": score for alpha, score in bleu.items()},
+        "validation_pairs": len(sources),
+        "beams": recipe.test_beams,
+    }
 
 
 def leave_process_group() -> None:

@@ -55,7 +55,7 @@ def run_script(name: str, *args: str, timeout: int = 600, **kwargs) -> subproces
 @pytest.fixture(scope="session")
 def trained_folder(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """A model folder written by scripts/train.py: a tiny model trained 30 updates on 200 real pairs, evaluated
-    (validation BLEU every 15 updates, test BLEU), averaged, with its card and plots; its progress output goes to
+    (validation BLEU every 15 updates, GNMT alpha chosen on validation, test BLEU), averaged, with its card and plots; its progress output goes to
     pipes, as into a log file. Shared by the tests that read such a folder (training, sharing, pipeline); they must
     not modify it."""
     output = tmp_path_factory.mktemp("trained") / "run"
@@ -66,7 +66,7 @@ def trained_folder(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]
         *("--validation_files", FIXTURES / "libreoffice_help_en_de_test_40.tsv"),
         *("--test_files", FIXTURES / "libreoffice_help_en_de_test_40.tsv"),
         *("--vocab_size", "500", "--save_steps", "10", "--average_last", "3"),
-        *("--test_beams", "2", "--logging_steps", "5"),
+        *("--test_beams", "2", "--logging_steps", "5", "--length_penalty_choices", "0.6,3"),
         *("--eval_strategy", "steps", "--eval_steps", "15", "--max_eval_samples", "10", "--generation_num_beams", "1"),
         cwd=output.parent,
     )

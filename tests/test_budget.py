@@ -4,6 +4,7 @@ budgeted runs of the real train script (one that stops on its own, one killed an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import TrainerControl, TrainerState
+from transformers import TrainerControl, TrainerState, set_seed
 
 from hf_vanilla_transformer.averaging import choose_checkpoints, validation_losses
 from hf_vanilla_transformer.budget import (
@@ -23,6 +24,7 @@ from hf_vanilla_transformer.budget import (
     calibration_batches,
     decode_seconds,
     measure_updates,
+    preset_choices,
     recorded_plan,
     schedule_for,
     spacing_for,
@@ -30,7 +32,13 @@ from hf_vanilla_transformer.budget import (
     warmup_for,
 )
 from hf_vanilla_transformer.recipes import parse_arguments, read_recipe
-from hf_vanilla_transformer.training import check_schedule_arguments
+from hf_vanilla_transformer.training import (
+    ModelDataArguments,
+    TransformerTrainingArguments,
+    build_model,
+    check_schedule_arguments,
+    prepare_run,
+)
 
 from conftest import FIXTURES, ROOT, random_ids, tiny_model
 
@@ -85,10 +93,10 @@ def test_batch_size_choices_are_read_largest_first():
 
 
 def test_test_decoding_is_predicted_from_the_training_speed():
-    # 1,152 sentences, beam 4, 0.86 s per 2,048-token update: 1152 * 160 * 0.86 / 2048
-    assert decode_seconds(1152, 4, 0.86, 2048) == pytest.approx(77.4, abs=0.1)
+    # 1,152 sentences, beam 4, 0.86 s per 2,048-token update: 1152 * 140 * 0.86 / 2048
+    assert decode_seconds(1152, 4, 0.86, 2048) == pytest.approx(67.7, abs=0.1)
     assert decode_seconds(200, 1, 1.0, 1000) == pytest.approx(18.0)
-    assert decode_seconds(100, 8, 1.0, 1000) == pytest.approx(32.0)
+    assert decode_seconds(100, 8, 1.0, 1000) == pytest.approx(28.0)
 
 
 def test_calibration_batches_span_the_batch_sizes():
@@ -193,6 +201,45 @@ def test_a_recorded_plan_comes_back_from_a_checkpoint_first(tmp_path):
     assert recorded_plan(tmp_path / "elsewhere", None) is None
 
 
+@pytest.mark.parametrize(("min_updates", "chosen"), [pytest.param(1, "small", marks=pytest.mark.slow), (10**9, "tiny")])
+def test_a_smaller_preset_is_trained_where_the_recipes_does_not_reach_its_updates(tmp_path, min_updates, chosen):
+    recipe = ModelDataArguments(
+        preset="small",
+        preset_choices="small,tiny",
+        min_updates=min_updates,
+        max_minutes=30,
+        max_tokens_choices="1024,512",
+        vocab_size=500,
+        data_files=TRAIN_200,
+        validation_files=TEST_40,
+        test_files=TEST_40,
+        max_eval_samples=10,
+        precision="fp32",
+        attn_implementation="sdpa",
+    )
+    args = TransformerTrainingArguments(
+        output_dir=str(tmp_path / "run"), warmup_steps=10, seed=3, use_cpu=True, disable_tqdm=True
+    )
+    trainer, tokenizer, _ = prepare_run(recipe, args)
+    plan = trainer.plan
+    assert plan.preset == chosen == recipe.preset
+    assert set(plan.measured) == {"small/fp32/sdpa@1024", "small/fp32/sdpa@512"} | (
+        {"tiny/fp32/sdpa@1024", "tiny/fp32/sdpa@512"} if chosen == "tiny" else set()
+    )
+    assert f"the {chosen} model (small, tiny: " in plan.summary()
+    assert plan.max_tokens == (1024 if chosen == "small" else 512)  # none reaches: the smallest of each choice
+    # The model trained is the chosen preset's, with the initial weights the seed gives it when asked for directly.
+    set_seed(3)
+    direct = build_model(dataclasses.replace(recipe, preset=chosen, preset_choices=None), tokenizer)
+    assert trainer.model.config.d_model == direct.config.d_model
+    for (name, value), expected in zip(trainer.model.state_dict().items(), direct.state_dict().values(), strict=True):
+        assert torch.equal(value, expected), name
+    # A run given another preset than the recipe's own trains that one, without choosing.
+    assert preset_choices(dataclasses.replace(recipe, preset="tiny")) == ["tiny"]
+    with pytest.raises(ValueError, match=r"preset_choices='small,huge' is invalid"):
+        preset_choices(dataclasses.replace(recipe, preset_choices="small,huge"))
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Recipes as files
 # ---------------------------------------------------------------------------------------------------------------------
@@ -206,6 +253,7 @@ def test_the_cpu_recipe_file_reads_as_flags_that_the_command_line_overrides(tmp_
     assert (recipe.checkpoints_per_run, recipe.evaluations_per_run, recipe.average_last) == (12, 6, 5)
     assert (args.warmup_steps, recipe.max_warmup_fraction, recipe.peak_learning_rate) == (1000, 0.35, 0.0019764)
     assert (recipe.max_tokens_choices, recipe.min_updates) == ("2048,1024", 3000)
+    assert (recipe.preset_choices, recipe.length_penalty_choices) == ("small,compact", "0.6,1.0,1.5")
     assert args.max_steps == -1 and args.use_cpu and recipe.recipe == "cpu"
     recipe, args = parse_arguments(
         ["--recipe", "cpu", "--output_dir", str(tmp_path), "--max_minutes", "5", "--bf16", "false", "--seed", "2"]

@@ -13,7 +13,9 @@ from hf_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
     label_smoothed_loss,
+    loss_vanilla_transformer,
     modeling_vanilla_transformer,
+    padding_vanilla_transformer,
     sinusoidal_positions,
 )
 
@@ -553,13 +555,13 @@ def test_training_mode_projects_only_labelled_positions_with_the_same_loss_and_g
     labels[0, 4:] = -100
     labels[2, 2:] = PAD
     projected = []
-    chunked = modeling_vanilla_transformer.linear_label_smoothed_loss
+    chunked = loss_vanilla_transformer.linear_label_smoothed_loss
 
     def spy(hidden, *args, **kwargs):
         projected.append(hidden.shape[0])
         return chunked(hidden, *args, **kwargs)
 
-    monkeypatch.setattr(modeling_vanilla_transformer, "linear_label_smoothed_loss", spy)
+    monkeypatch.setattr(loss_vanilla_transformer, "linear_label_smoothed_loss", spy)
     results = []
     for training in (False, True):
         model = tiny_model().train(training)  # dropout is 0, so both modes compute the same function
@@ -629,9 +631,8 @@ def test_padding_skips_the_feed_forward_and_changes_nothing_real(monkeypatch):
     assert rows[0][0] == int((ids != PAD).sum())  # encoder: only the real source tokens
     # decoder: each sentence up to its last labelled position (row 1 has a hole at 1 that is still computed)
     assert rows[1][0] == 8 + 3 + 6 < labels.numel()
-    monkeypatch.setattr(
-        modeling_vanilla_transformer._VanillaTransformerStack, "real_token_index", staticmethod(lambda keep: None)
-    )
+    for module in (modeling_vanilla_transformer, padding_vanilla_transformer):  # the encoder's and the decoder's
+        monkeypatch.setattr(module, "real_token_index", lambda keep: None)
     rows.clear()
     dense_loss, dense_grads = run()
     for hook in hooks:

@@ -25,6 +25,9 @@ def test_remote_code_load_gives_identical_outputs(tmp_path):
         "decoding_vanilla_transformer.py",
         "inputs_vanilla_transformer.py",
         "loss_vanilla_transformer.py",
+        "padding_vanilla_transformer.py",
+        "prenorm_vanilla_transformer.py",
+        "tying_vanilla_transformer.py",
     }
 
     ids = random_ids(2, 7)

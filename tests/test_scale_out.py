@@ -232,6 +232,7 @@ def test_two_processes_equal_one_with_the_same_global_batch(one_process, tmp_pat
     assert_equal_to_one_process(one_process, tmp_path / "two")
 
 
+@pytest.mark.slow
 def test_two_machines_equal_one_process(one_process, tmp_path):
     """The multi-node config, as two "machines" on this one: ranks 0 and 1 meet at 127.0.0.1."""
     port = str(free_port())
@@ -257,6 +258,7 @@ def test_two_machines_equal_one_process(one_process, tmp_path):
     assert_equal_to_one_process(one_process, tmp_path / "nodes")
 
 
+@pytest.mark.slow
 def test_fsdp_two_processes_equal_one_process(one_process, tmp_path):
     """The FSDP config (FSDP2, layer-wise units, full state dicts), on two CPU processes over gloo."""
     result = run_child(multi_process_spec(tmp_path / "fsdp"), launcher=launcher("fsdp.yaml"), script_dir=tmp_path)
@@ -292,6 +294,7 @@ def assert_learns_in(precision: str, output: Path, use_cpu: bool) -> None:
     assert losses[-1] < losses[0] - 0.5, losses
 
 
+@pytest.mark.slow
 def test_bf16_training_on_cpu_learns(tmp_path):
     assert_learns_in("bf16", tmp_path, use_cpu=True)
 

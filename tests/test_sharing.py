@@ -41,6 +41,9 @@ EXPECTED_UPLOAD = {
     "generation_config.json",
     "inputs_vanilla_transformer.py",
     "loss_vanilla_transformer.py",
+    "padding_vanilla_transformer.py",
+    "prenorm_vanilla_transformer.py",
+    "tying_vanilla_transformer.py",
     "model.safetensors",
     "modeling_vanilla_transformer.py",
     "pipeline_vanilla_transformer.py",
@@ -280,6 +283,7 @@ def test_plot_functions_write_pictures_and_refuse_bad_input(tmp_path):
         plot_attention(model, tokenizer, "", tmp_path)
 
 
+@pytest.mark.slow
 def test_plot_attention_script_draws_any_sentence(trained_folder, tmp_path):
     folder, _ = trained_folder
     result = run_script("plot_attention.py", folder, "Open the Tools menu.", "--output_dir", tmp_path, timeout=300)

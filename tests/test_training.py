@@ -9,23 +9,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import TrainerState
+from transformers import AutoTokenizer, TrainerState
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer import trainer as trainer_module
+from hf_vanilla_transformer.arguments import check_recipe_arguments, length_penalty_choices, parse_config_overrides
 from hf_vanilla_transformer.averaging import average_checkpoints, average_last_checkpoints, checkpoint_folders
 from hf_vanilla_transformer.inference import evaluate_translations
 from hf_vanilla_transformer.training import (
     ModelDataArguments,
     TrainingProgressCallback,
     TransformerTrainingArguments,
+    build_model,
     check_schedule_arguments,
     noam_factor,
     noam_schedule,
     prepare_run,
 )
 
-from conftest import FIXTURES, logged_losses, run_script, tiny_model
+from conftest import FIXTURES, logged_losses, run_script, tiny_model, word_tokenizer
 
 
 TRAIN_200 = str(FIXTURES / "libreoffice_help_en_de_200.tsv")
@@ -146,6 +148,7 @@ def test_a_short_run_on_a_small_slice_conditions_on_the_source(tmp_path):
     assert scores["score"] > 90, (scores["score"], hypotheses[:5])
 
 
+@pytest.mark.slow
 def test_a_saved_model_fine_tunes_on_other_pairs(tmp_path):
     trainer, tokenizer, _ = prepare_run(_recipe(), _args(tmp_path / "first", max_steps=20, save_steps=20))
     trainer.train()
@@ -161,6 +164,81 @@ def test_a_saved_model_fine_tunes_on_other_pairs(tmp_path):
     assert losses[-1] < losses[0] - 0.5, losses
 
 
+def test_the_length_penalty_is_chosen_by_validation_bleu_and_kept_in_the_model(trained_folder):
+    output, result = trained_folder
+    results = json.loads((output / "results.json").read_text())
+    choice = results["length_penalty_choice"]
+    assert list(choice["validation_bleu"]) == ["0.6", "3"] and choice["validation_pairs"] == 10
+    scores = {float(alpha): bleu for alpha, bleu in choice["validation_bleu"].items()}
+    best = max(scores.values())
+    assert choice["chosen"] == min(alpha for alpha, bleu in scores.items() if bleu == best)  # a tie keeps 0.6
+    # the chosen alpha is the model's: its generation config, the test decoding and the card
+    model = VanillaTransformerForConditionalGeneration.from_pretrained(output)
+    assert model.generation_config.length_penalty == choice["chosen"] == results["test"]["length_penalty"]
+    assert (
+        f"GNMT length penalty α {choice['chosen']:g} (chosen by validation BLEU" in (output / "README.md").read_text()
+    )
+    assert f"Length penalty: GNMT alpha {choice['chosen']:g}" in result.stdout
+    # the recorded scores are those of real decodings: decoding the same pairs again gives them
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    sources, references = zip(*(line.split("\t") for line in Path(OTHER_40).read_text().splitlines()[:10]), strict=True)
+    for alpha, bleu in scores.items():
+        again, _ = evaluate_translations(
+            model,
+            tokenizer,
+            list(sources),
+            list(references),
+            tokenized_bleu=False,
+            num_beams=2,
+            length_penalty=alpha,
+            progress=False,
+        )
+        assert again["score"] == pytest.approx(bleu, abs=1e-9), alpha
+
+
+@pytest.mark.parametrize(
+    ("choices", "beams", "expected"),
+    [
+        ("0.6,1.5", 4, [0.6, 1.5]),
+        ("0, 1", 4, [0.0, 1.0]),
+        ("", 4, []),
+        ("0.6,x", 4, "'x'"),
+        ("-1", 4, "'-1'"),
+        ("0.6,1", 1, "needs beam search"),
+    ],
+)
+def test_length_penalty_choices_are_read_and_checked(choices, beams, expected):
+    recipe = ModelDataArguments(length_penalty_choices=choices, test_beams=beams)
+    if isinstance(expected, list):
+        assert length_penalty_choices(recipe) == expected
+    else:
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            length_penalty_choices(recipe)
+
+
+def test_config_overrides_change_the_presets_sizes_and_bad_ones_are_named():
+    assert parse_config_overrides("d_model=192, encoder_ffn_dim=768,scale_embedding=false,dropout=0.2") == {
+        "d_model": 192,
+        "encoder_ffn_dim": 768,
+        "scale_embedding": False,
+        "dropout": 0.2,
+    }
+    model = build_model(
+        ModelDataArguments(preset="small", config_overrides="d_model=192,decoder_layers=2"), word_tokenizer(["a", "b"])
+    )
+    assert (model.config.d_model, model.config.decoder_layers, model.config.encoder_layers) == (192, 2, 3)
+    assert model.model.shared.weight.shape[1] == 192
+    for text, message in [
+        ("d_model", "'d_model' is invalid; expected name=value"),
+        ("width=3", "'width' is not a field"),
+        ("d_model=wide", "d_model='wide' is invalid; expected a int"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            parse_config_overrides(text)
+    with pytest.raises(ValueError, match="cannot change the sizes of the saved model"):
+        check_recipe_arguments(ModelDataArguments(config_overrides="d_model=64", model_name_or_path="some/model"))
+
+
 def test_the_train_script_leaves_a_complete_model_folder(trained_folder):
     output, result = trained_folder
     for name in (
@@ -173,6 +251,9 @@ def test_the_train_script_leaves_a_complete_model_folder(trained_folder):
         "decoding_vanilla_transformer.py",
         "inputs_vanilla_transformer.py",
         "loss_vanilla_transformer.py",
+        "padding_vanilla_transformer.py",
+        "prenorm_vanilla_transformer.py",
+        "tying_vanilla_transformer.py",
         "configuration_vanilla_transformer.py",
         "results.json",
         "README.md",
