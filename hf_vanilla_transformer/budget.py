@@ -481,9 +481,10 @@ def _updates_for_budget(
     `tokens` padded tokens per side and process."""
     update = seconds_per_update * TRAINER_OVERHEAD
     decode = decode_seconds(test_pairs, recipe.test_beams, update, tokens)
-    if evaluation is not None and recipe.length_penalty_choices:  # choosing alpha: each choice decodes validation
-        alphas = len(str(recipe.length_penalty_choices).split(","))
-        decode += alphas * decode_seconds(len(evaluation), recipe.test_beams, update, tokens)
+    from .arguments import length_penalty_choices  # (arguments.py imports this module)
+
+    alphas = len(length_penalty_choices(recipe)) if evaluation is not None else 0
+    decode += alphas * decode_seconds(len(evaluation), recipe.test_beams, update, tokens) if alphas else 0.0
     checkpoints = recipe.checkpoints_per_run or 0
     validates = args.eval_strategy == "steps" and evaluation is not None
     validations = (recipe.evaluations_per_run or 0) if validates else 0
@@ -497,7 +498,7 @@ def _updates_for_budget(
     budget = recipe.max_minutes * 60
     left = (budget - spent - decode - FINISHING_SECONDS) * SAFETY
     fit = updates_that_fit(left, update, checkpoints, checkpoint_seconds, validations, validation_seconds)
-    with_alpha = ", with the choice of alpha" if evaluation is not None and recipe.length_penalty_choices else ""
+    with_alpha = ", with the choice of alpha" if alphas else ""
     reason = (
         f"{fit:,} updates fit {left / 60:.1f} training minutes of the {recipe.max_minutes:g}-minute budget "
         f"({update:.2f} s each; set-up so far {spent / 60:.1f} min, test decoding {decode / 60:.1f} min predicted{with_alpha})"
