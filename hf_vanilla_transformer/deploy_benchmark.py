@@ -5,8 +5,9 @@ CTranslate2 float32 and int8 (exports written here) — it translates the test s
 `batch_size` sentences sorted by length and reports sentences/s, target tokens/s and sacreBLEU/chrF, then the peak
 resident memory of each engine in a fresh process; ratios divide by ours eager. Engines run one after the other
 (each is timed over the whole split), so nothing else may run on the machine meanwhile.
-CTranslate2 is also run at several length-penalty alphas (`alphas`), as its beam search divides by length^alpha where
-ours uses GNMT's ((5 + length) / 6)^alpha.
+CTranslate2 runs at its export's default alpha (the model's, carried over to CTranslate2's rule: `ctranslate2_alpha`)
+and at several other alphas (`alphas`), as its beam search divides by length^alpha where ours uses GNMT's
+((5 + length) / 6)^alpha.
 """
 
 from __future__ import annotations
@@ -226,11 +227,13 @@ def run_deploy_benchmark(options: DeployBenchmarkConfig) -> dict:
 
             engines[name] = _time(name, run, references, tokenizer)
             del engine
-        # 3. CTranslate2, at several alphas of its own length penalty.
+        # 3. CTranslate2 at the model's α carried over to its own length penalty (the export's default), then at
+        #    the alphas asked for.
         for quantization in ("float32", "int8"):
             engine = CTranslate2Translator(exports[f"ctranslate2_{quantization}"], threads=threads)
-            for alpha in options.alphas:
-                name = f"ctranslate2_{quantization}_alpha{alpha}"
+            results["ctranslate2_default_alpha"] = engine.defaults["length_penalty"]
+            for index, alpha in enumerate([engine.defaults["length_penalty"], *options.alphas]):
+                name = f"ctranslate2_{quantization}" + (f"_alpha{alpha}" if index else "")
 
                 def run(engine=engine, alpha=alpha):
                     return engine.translate(

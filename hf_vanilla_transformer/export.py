@@ -157,6 +157,7 @@ def export_ctranslate2(
         "max_positions": max_positions,
         "max_source_tokens": max_positions - 1,  # the appended </s> takes one position
         "generation": model.generation_config.to_diff_dict(),
+        "decoding": decoding_defaults(model.generation_config.to_diff_dict()),
         "source": str(model_dir),
     }
     (output_dir / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
@@ -164,7 +165,42 @@ def export_ctranslate2(
     return output_dir
 
 
+# The target length (tokens) at which CTranslate2's length penalty is matched to GNMT's: about the mean of the
+# LibreOffice help test split (18.6 tokens a sentence) and of sentence-level translation generally.
+TYPICAL_TARGET_TOKENS = 20
+
+
+def ctranslate2_alpha(alpha: float, penalty_type: str = "gnmt", length: int = TYPICAL_TARGET_TOKENS) -> float:
+    """CTranslate2's length-penalty α that ranks hypotheses of about `length` tokens as the model's penalty does.
+
+    CTranslate2 divides a hypothesis's log-probability by L^α'; GNMT (§6.1, this model's `generate()`) by
+    ((5 + L) / 6)^α. Their log-penalties grow by α' / L and α / (5 + L) per token, which are equal at length L for
+    α' = α L / (5 + L): 0.8 α at 20 tokens. Measured (docs/deploy.md): GNMT α 1.5 → α' 1.2 gave BLEU within 0.03 of
+    the model's own beam search (α' 1.5: 0.41 below it). transformers' own penalty (`"hf"`) is CTranslate2's rule.
+    """
+    if penalty_type != "gnmt":
+        return float(alpha)
+    return round(alpha * length / (5 + length), 4)
+
+
+def decoding_defaults(generation: dict) -> dict:
+    """The model's decoding from its generation config (as `to_diff_dict()` gives it, so that exports written before
+    this field read the same): beams, the length penalty α (the one the main job chose on the validation split, else
+    the paper's 0.6) as CTranslate2's α (`ctranslate2_alpha`), and the relative length limit."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig.from_dict(dict(generation))
+    penalty_type = getattr(config, "length_penalty_type", None) or "hf"
+    return {
+        "num_beams": config.num_beams,
+        "length_penalty": ctranslate2_alpha(config.length_penalty, penalty_type),
+        "model_length_penalty": {"alpha": config.length_penalty, "type": penalty_type},
+        "relative_max_length": getattr(config, "relative_max_length", 50),
+    }
+
+
 def _readme(info: dict) -> str:
+    decoding = info["decoding"]
     return f"""# A Vanilla Transformer for CTranslate2
 
 Converted by `hf_vanilla_transformer` (`scripts/export.py --to ctranslate2`, quantization {info["quantization"]}).
@@ -177,12 +213,17 @@ from transformers import AutoTokenizer
 tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")
 translator = ctranslate2.Translator("THIS_FOLDER", device="cpu")
 sources = [tokenizer.tokenize(s) for s in ["Choose Format - Cells."]]  # </s> is appended by CTranslate2
-results = translator.translate_batch(sources, beam_size=4, length_penalty=0.6, max_decoding_length=256)
+results = translator.translate_batch(
+    sources, beam_size={decoding["num_beams"]}, length_penalty={decoding["length_penalty"]}, max_decoding_length=256
+)
 print([tokenizer.convert_tokens_to_string(r.hypotheses[0]) for r in results])
 ```
 
 CTranslate2 normalises beam scores by length^alpha, not by GNMT's ((5 + length) / 6)^alpha as this model's
-`generate()` does; greedy decoding (`beam_size=1`) gives the same tokens as `generate(num_beams=1)`.
+`generate()` does; greedy decoding (`beam_size=1`) gives the same tokens as `generate(num_beams=1)`. The α above is
+the model's own ({decoding["model_length_penalty"]["type"]} α {decoding["model_length_penalty"]["alpha"]}, from its
+generation config) carried over to CTranslate2's rule: the α that penalises a 20-token translation's growth as the
+model's rule does (docs/deploy.md).
 Or with the package: `python scripts/translate.py THIS_FOLDER --engine ctranslate2 < input.txt`.
 """
 
@@ -201,6 +242,8 @@ class CTranslate2Translator:
         self.info = json.loads(info_file.read_text(encoding="utf-8"))
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.translator = ctranslate2.Translator(str(folder), device=device, intra_threads=threads)
+        # The model's decoding: beams, α and the length limit of its generation config, recorded by the export.
+        self.defaults = self.info.get("decoding") or decoding_defaults(self.info.get("generation", {}))
 
     def tokens(self, sentences: list[str]) -> list[list[str]]:
         """Source tokens without the `</s>` (CTranslate2 appends it); refuses a source longer than the table."""
@@ -220,13 +263,20 @@ class CTranslate2Translator:
     def translate(
         self,
         sentences: list[str],
-        num_beams: int = 4,
-        length_penalty: float = 0.6,
-        relative_max_length: int = 50,
+        num_beams: int | None = None,
+        length_penalty: float | None = None,
+        relative_max_length: int | None = None,
         max_batch_size: int = 32,
     ) -> list[str]:
         """Translations in input order, empty sentences kept empty; at most source length + `relative_max_length`
-        tokens each, as the model's §6.1 rule (CTranslate2 caps the whole batch at the longest source's limit)."""
+        tokens each, as the model's §6.1 rule (CTranslate2 caps the whole batch at the longest source's limit). Beams,
+        α and the length limit default to the model's (`self.defaults`)."""
+        num_beams = self.defaults["num_beams"] if num_beams is None else num_beams
+        length_penalty = self.defaults["length_penalty"] if length_penalty is None else length_penalty
+        if relative_max_length is None:
+            relative_max_length = self.defaults["relative_max_length"]
+        if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
+            raise ValueError(f"num_beams={num_beams!r} is invalid; expected an integer >= 1.")
         texts = [i for i, sentence in enumerate(sentences) if sentence.strip()]
         outputs = [""] * len(sentences)
         if not texts:

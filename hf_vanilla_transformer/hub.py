@@ -111,6 +111,8 @@ REMOTE_CODE_FILES = (
     "padding_vanilla_transformer.py",
     "prenorm_vanilla_transformer.py",
     "tying_vanilla_transformer.py",
+    "cache_vanilla_transformer.py",
+    "precision_vanilla_transformer.py",
 )
 COPIED = (
     "generation_config.json",

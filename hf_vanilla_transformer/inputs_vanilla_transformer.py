@@ -6,6 +6,7 @@ compiled decoding step. Imported relatively by the modeling file, and copied bes
 """
 
 import torch
+from transformers.modeling_outputs import BaseModelOutput
 
 
 def _eager() -> bool:
@@ -54,3 +55,25 @@ def check_decoder_inputs(
         expected = (target.shape[0], int(past_length) + target.shape[1])
         _check_mask("decoder_attention_mask", attention_mask, expected)
     _check_mask("attention_mask", encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]))
+
+
+def check_positions(config, start: int | torch.Tensor, length: int) -> None:
+    """Learned positions (not the paper's sinusoids) have a table of `max_position_embeddings`: name a longer input."""
+    if _eager() and int(start) + length > config.max_position_embeddings:
+        raise ValueError(
+            f"Sequence of {int(start) + length} positions is longer than max_position_embeddings="
+            f"{config.max_position_embeddings} of the learned positions; use sinusoidal positions (no limit) or a "
+            "larger max_position_embeddings."
+        )
+
+
+def as_encoder_output(encoder_outputs) -> BaseModelOutput:
+    """`encoder_outputs` as given to the model's forward: a `BaseModelOutput`, or its tuple (`return_dict=False`)."""
+    if isinstance(encoder_outputs, BaseModelOutput):
+        return encoder_outputs
+    if not isinstance(encoder_outputs, (tuple, list)) or not encoder_outputs:
+        raise ValueError(
+            "encoder_outputs must be a BaseModelOutput or a tuple (last_hidden_state, [hidden_states, [attentions]]); "
+            f"got {type(encoder_outputs).__name__}."
+        )
+    return BaseModelOutput(*encoder_outputs[:3])

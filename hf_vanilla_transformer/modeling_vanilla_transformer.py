@@ -6,10 +6,11 @@ computed for any length (§3.5), dropout as in §5.4 and label-smoothed loss (§
 
 What the paper describes lives here. Its siblings hold the rest: the loss (loss_vanilla_transformer.py), the decoding
 rules of §6.1 (decoding_vanilla_transformer.py), the input checks (inputs_vanilla_transformer.py), the padding skip
-(padding_vanilla_transformer.py), the pre-LN variant (prenorm_vanilla_transformer.py) and the shared matrix under
-transformers' tied-weight bookkeeping (tying_vanilla_transformer.py). These files import only torch, transformers and
-each other, relatively, so `save_pretrained` copies them all and the folder loads with `trust_remote_code=True` where
-this package is not installed.
+(padding_vanilla_transformer.py), the pre-LN variant (prenorm_vanilla_transformer.py), the shared matrix under
+transformers' tied-weight bookkeeping (tying_vanilla_transformer.py), the decoding cache and the masks
+(cache_vanilla_transformer.py) and LayerNorm under CPU autocast (precision_vanilla_transformer.py). These files import
+only torch, transformers and each other, relatively, so `save_pretrained` copies them all and the folder loads with
+`trust_remote_code=True` where this package is not installed.
 
 Shape legend: B batch, S source length, T target length (new tokens), P cached target length, H heads,
 D d_model, Dk / Dv per-head query-key / value size, F FFN inner size, V vocabulary.
@@ -22,8 +23,8 @@ import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.cache_utils import Cache
+from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -38,6 +39,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
+from .cache_vanilla_transformer import attention_keys_values, decoder_masks, is_first_pass, open_cache
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .decoding_vanilla_transformer import (
     RelativeMaxLengthCriteria,
@@ -45,9 +47,17 @@ from .decoding_vanilla_transformer import (
     default_generation_config,
     gnmt_length_penalty,
 )
-from .inputs_vanilla_transformer import _check_ids, _check_mask, _eager, check_decoder_inputs
+from .inputs_vanilla_transformer import (
+    _check_ids,
+    _check_mask,
+    _eager,
+    as_encoder_output,
+    check_decoder_inputs,
+    check_positions,
+)
 from .loss_vanilla_transformer import label_smoothed_loss, linear_label_smoothed_loss, loss_labels, project_and_score
 from .padding_vanilla_transformer import decoder_token_index, positionwise, real_token_index
+from .precision_vanilla_transformer import VanillaTransformerLayerNorm
 from .prenorm_vanilla_transformer import PreLNDecoderLayerForward, PreLNEncoderLayerForward
 from .tying_vanilla_transformer import SharedEmbeddingTyingMixin
 
@@ -163,22 +173,8 @@ class VanillaTransformerAttention(nn.Module):
         batch, length = hidden_states.shape[:2]
         query = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
 
-        # 1. Keys and values. Self-attention appends this step's to the cache; cross-attention projects the encoder
-        #    output once per generate() call and reads it back from the cache at every later step.
-        if self.is_cross_attention:
-            stored = cache.cross_attention_cache if cache is not None else None
-            if stored is not None and cache.is_updated.get(self.layer_idx):
-                key, value = stored.layers[self.layer_idx].keys, stored.layers[self.layer_idx].values
-            else:
-                key, value = self._project_keys_values(key_value_states)
-                if stored is not None:
-                    key, value = stored.update(key, value, self.layer_idx)
-                    cache.is_updated[self.layer_idx] = True
-        else:
-            key, value = self._project_keys_values(hidden_states)
-            if cache is not None:
-                stored = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-                key, value = stored.update(key, value, self.layer_idx)  # (B, H, P + T, Dk), (B, H, P + T, Dv)
+        # 1. Keys and values, through the cache when decoding step by step (cache_vanilla_transformer.py).
+        key, value = attention_keys_values(self, hidden_states, key_value_states, cache)  # (B, H, L, Dk), (B, H, L, Dv)
 
         # 2. Scaled dot-product attention through the configured backend (eager, sdpa, flash_attention_2).
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -202,26 +198,6 @@ class VanillaTransformerAttention(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------------
 # Layers (§3.1, §3.3, §5.4)
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-class VanillaTransformerLayerNorm(nn.LayerNorm):
-    """`nn.LayerNorm` that normalises in float32 under autocast, on every device.
-
-    CUDA's autocast runs LayerNorm in float32 whatever its input; the CPU's has no rule for it and runs it in the
-    input's dtype. With float32 weights the input is float32 anyway (the residual stream starts from the float32
-    embeddings), but with bf16 weights (or bf16 `inputs_embeds`) CPU autocast would normalise in bf16 and round the
-    residual stream of this post-LN model to 8 bits of mantissa after every sub-layer. Under autocast this returns
-    float32, as CUDA's autocast does; outside autocast it is `nn.LayerNorm`.
-    """
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        device = hidden_states.device.type
-        if not torch.is_autocast_enabled(device):
-            return super().forward(hidden_states)
-        with torch.autocast(device_type=device, enabled=False):
-            weight = self.weight.float() if self.weight is not None else None
-            bias = self.bias.float() if self.bias is not None else None
-            return nn.functional.layer_norm(hidden_states.float(), self.normalized_shape, weight, bias, self.eps)
 
 
 class VanillaTransformerFeedForward(nn.Module):
@@ -395,12 +371,6 @@ class _VanillaTransformerStack(VanillaTransformerPreTrainedModel):
             VanillaTransformerLayerNorm(config.d_model, eps=config.layer_norm_eps) if config.pre_layer_norm else None
         )
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.embed_tokens = value
-
     def embed(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, start: int | torch.Tensor = 0
     ) -> torch.Tensor:
@@ -418,12 +388,7 @@ class _VanillaTransformerStack(VanillaTransformerPreTrainedModel):
         if self.embed_positions is None:
             position_embeds = sinusoidal_positions(positions, self.config.d_model, self.config.sinusoid_layout)
         else:
-            if _eager() and int(start) + length > self.config.max_position_embeddings:
-                raise ValueError(
-                    f"Sequence of {int(start) + length} positions is longer than max_position_embeddings="
-                    f"{self.config.max_position_embeddings} of the learned positions; use sinusoidal positions "
-                    "(no limit) or a larger max_position_embeddings."
-                )
+            check_positions(self.config, start, length)
             position_embeds = self.embed_positions(positions)
         hidden_states = inputs_embeds + position_embeds.to(inputs_embeds.dtype)
         return nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
@@ -503,18 +468,12 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         r"""
         token_mask (`torch.BoolTensor` of shape `(batch_size, target_length)`, *optional*):
-            The positions whose outputs are needed. Under the causal mask, positions after a sentence's last needed
-            one are seen by no needed position, so the FFN skips them (their outputs are then not the dense ones).
-            Set from the labels by `VanillaTransformerForConditionalGeneration`; without it, positions that a 2-D
-            `attention_mask` leaves out are skipped.
+            The positions whose outputs are needed (set from the labels): the FFN skips the positions after a
+            sentence's last needed one, whose outputs are then not the dense ones (padding_vanilla_transformer.py).
         """
         if encoder_hidden_states is None:
             raise ValueError("The decoder needs encoder_hidden_states: the output of the encoder.")
-        if use_cache and cache is None:
-            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        # The cached target length: an int, or a 0-d tensor once a static cache holds something.
-        past_length = cache.get_seq_length() if cache is not None else 0
-        first_pass = not torch.is_tensor(past_length) and past_length == 0
+        cache, past_length = open_cache(cache, use_cache)  # past_length: the cached target length
         check_decoder_inputs(
             self.config,
             input_ids,
@@ -527,27 +486,16 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
 
         # 1. Target embeddings at positions past_length .. past_length + T - 1: a step at position t uses PE(t).
         hidden_states = self.embed(input_ids, inputs_embeds, start=past_length)  # (B, T, D)
-        batch, length = hidden_states.shape[:2]
 
         # 2. Masks: causal (+ target padding) for self-attention, source padding for cross-attention.
-        self_attention_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-        causal_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=hidden_states,
-            attention_mask=attention_mask,
-            cache=self_attention_cache,
-        )
-        encoder_attention_mask = create_bidirectional_mask(
-            config=self.config,
-            inputs_embeds=hidden_states,
-            attention_mask=encoder_attention_mask,
-            encoder_hidden_states=encoder_hidden_states,
+        causal_mask, encoder_attention_mask = decoder_masks(
+            self.config, hidden_states, attention_mask, cache, encoder_hidden_states, encoder_attention_mask
         )
 
         # 3. The layers. The padding skip: the FFN skips positions no needed position can see.
         token_index = None
-        if first_pass and length > 1:
-            token_index = decoder_token_index(token_mask, attention_mask, (batch, length))
+        if is_first_pass(past_length) and hidden_states.shape[1] > 1:
+            token_index = decoder_token_index(token_mask, attention_mask, tuple(hidden_states.shape[:2]))
         for layer in self.layers:
             hidden_states = layer(
                 hidden_states,
@@ -585,6 +533,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         "encoder.embed_tokens.weight": "shared.weight",
         "decoder.embed_tokens.weight": "shared.weight",
     }
+    _input_embed_layer = "shared"  # get_input_embeddings; transformers finds encoder, decoder, lm_head by name
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
@@ -593,19 +542,8 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         self.decoder = VanillaTransformerDecoder(config, self.shared)
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.shared
-
     def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.shared = value
-        self.encoder.embed_tokens = value
-        self.decoder.embed_tokens = value
-
-    def get_encoder(self, modality: str | None = None) -> VanillaTransformerEncoder:
-        return self.encoder
-
-    def get_decoder(self) -> VanillaTransformerDecoder:
-        return self.decoder
+        self.shared = self.encoder.embed_tokens = self.decoder.embed_tokens = value
 
     @can_return_tuple
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
@@ -629,8 +567,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 
         Returns a `Seq2SeqModelOutput`, or its `to_tuple()` with `return_dict=False` (per call or in the config).
         """
-        # The stacks always return ModelOutputs here (`return_dict=True`), whatever `config.return_dict` says;
-        # `can_return_tuple` turns this model's own output into a tuple when asked.
+        # The stacks return ModelOutputs here whatever `config.return_dict` says; `can_return_tuple` makes the tuple.
         # 1. Encode, unless generate() already did.
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
@@ -640,12 +577,8 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
                 return_dict=True,
                 **kwargs,
             )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(
-                last_hidden_state=encoder_outputs[0],
-                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
-                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
-            )
+        else:
+            encoder_outputs = as_encoder_output(encoder_outputs)  # a tuple from return_dict=False
         # 2. Decode with cross-attention over the top encoder layer.
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
@@ -682,6 +615,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         "model.encoder.embed_tokens.weight": "model.shared.weight",
         "model.decoder.embed_tokens.weight": "model.shared.weight",
     }
+    _input_embed_layer = "shared"  # found in self.model
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
@@ -690,23 +624,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         self.post_init()
         self.generation_config = default_generation_config(config)
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.shared
-
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.set_input_embeddings(value)
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Linear) -> None:
-        self.lm_head = value
-
-    def get_encoder(self, modality: str | None = None) -> VanillaTransformerEncoder:
-        return self.model.encoder
-
-    def get_decoder(self) -> VanillaTransformerDecoder:
-        return self.model.decoder
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -769,17 +688,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             self.training,
         )
 
-        return Seq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            cache=outputs.cache,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-        )
+        # Every field of the model's output but the top decoder states, which the logits replace.
+        fields = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
+        return Seq2SeqLMOutput(loss=loss, logits=logits, **fields)
 
 
 __all__ = [

@@ -9,12 +9,13 @@ relative length limit) give `generate()`'s tokens, the step's log-probabilities 
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import pytest
 import torch
 from tokenizers import processors
 
-from hf_vanilla_transformer.export import CTranslate2Translator, export_ctranslate2
+from hf_vanilla_transformer.export import EXPORT_INFO, CTranslate2Translator, export_ctranslate2
 from hf_vanilla_transformer.export_onnx import OnnxTranslator, cache_names, export_onnx
 
 from conftest import reversal_task, run_script, tiny_model, train_on_reversal
@@ -125,6 +126,61 @@ def test_what_cannot_be_exported_is_refused_with_its_value(trained, tmp_path):
     short = CTranslate2Translator(export_ctranslate2(folder, tmp_path / "short", max_positions=4))
     with pytest.raises(ValueError, match="longer than this export's 3"):
         short.translate(["w1 w2 w3 w4 w5"])
+
+
+def test_the_export_decodes_with_the_models_beams_and_alpha(trained, tmp_path):
+    """The main job keeps the α it chose on validation in the model's generation config: the export records it and
+    decodes with it by default (also from an export written before the record, from its generation config)."""
+    import json
+    import shutil
+
+    from transformers import GenerationConfig
+
+    folder, _, _, _ = trained
+    copy = tmp_path / "model"
+    shutil.copytree(folder, copy)
+    generation = GenerationConfig.from_pretrained(copy)
+    generation.length_penalty, generation.num_beams = 1.5, 3
+    generation.save_pretrained(copy)
+    engine = CTranslate2Translator(export_ctranslate2(copy, tmp_path / "ct2"))
+    # GNMT's α 1.5 carried over to CTranslate2's L^α: the same growth of the penalty at 20 tokens, 1.5 * 20 / 25.
+    assert engine.defaults == {
+        "num_beams": 3,
+        "length_penalty": 1.2,
+        "model_length_penalty": {"alpha": 1.5, "type": "gnmt"},
+        "relative_max_length": 50,
+    }
+    assert "beam_size=3, length_penalty=1.2" in (tmp_path / "ct2" / "README.md").read_text()
+    sentences = ["w4 w5 w6", "w1 w2 w3 w4", "w8 w9 w10 w11 w12"]
+    calls = []
+
+    class Recorder:  # the real translator, its arguments noted
+        def translate_batch(self, *args, translator=engine.translator, **kwargs):
+            calls.append(kwargs)
+            return translator.translate_batch(*args, **kwargs)
+
+    engine.translator = Recorder()
+    assert engine.translate(sentences) == engine.translate(sentences, num_beams=3, length_penalty=1.2)
+    assert calls[0]["beam_size"] == 3 and calls[0]["length_penalty"] == 1.2
+    info_file = tmp_path / "ct2" / EXPORT_INFO
+    info = json.loads(info_file.read_text())
+    del info["decoding"]
+    info_file.write_text(json.dumps(info))
+    assert CTranslate2Translator(tmp_path / "ct2").defaults == engine.defaults
+    with pytest.raises(ValueError, match="num_beams=0 is invalid"):
+        engine.translate(sentences, num_beams=0)
+
+
+def test_the_length_penalty_carried_over_to_ctranslate2_grows_as_the_models_at_20_tokens():
+    from hf_vanilla_transformer.export import ctranslate2_alpha
+
+    assert ctranslate2_alpha(0.6) == 0.48 and ctranslate2_alpha(1.5) == 1.2 and ctranslate2_alpha(1.0, length=5) == 0.5
+    assert ctranslate2_alpha(1.5, "hf") == 1.5  # transformers' own penalty is CTranslate2's rule
+    # Per added token the two log-penalties grow alike at 20 tokens: alpha' / L against alpha / (5 + L).
+    gnmt = lambda length: 1.5 * math.log((5 + length) / 6)  # noqa: E731
+    ct2 = lambda length: ctranslate2_alpha(1.5) * math.log(length)  # noqa: E731
+    assert math.isclose(ct2(20.01) - ct2(19.99), gnmt(20.01) - gnmt(19.99), rel_tol=1e-4)
+    assert not math.isclose(ct2(10.01) - ct2(9.99), gnmt(10.01) - gnmt(9.99), rel_tol=1e-2)
 
 
 def our_tokens(model, tokenizer, sources: list[list[int]], **generate_kwargs) -> list[list[int]]:
@@ -273,7 +329,7 @@ def test_deploy_benchmark_runs_every_engine_and_the_exact_ones_agree(trained, tm
     results = json.loads(out.read_text())
     engines = results["engines"]
     expected = {"ours_eager", "ours_compiled", "onnxruntime_float32", "onnxruntime_int8"}
-    expected |= {f"ctranslate2_{q}_alpha{a}" for q in ("float32", "int8") for a in (0.6, 1.5)}
+    expected |= {f"ctranslate2_{q}{a}" for q in ("float32", "int8") for a in ("", "_alpha0.6", "_alpha1.5")}
     assert set(engines) == expected and results["pairs"] == len(sources)
     assert engines["ours_eager"]["bleu"] > 50
     for name in ("ours_compiled", "onnxruntime_float32"):
@@ -284,3 +340,4 @@ def test_deploy_benchmark_runs_every_engine_and_the_exact_ones_agree(trained, tm
     }
     assert all(value > 0 for value in memory.values())
     assert results["machine"] in result.stdout and "| ctranslate2_int8_alpha1.5 |" in result.stdout
+    assert results["ctranslate2_default_alpha"] == 0.48  # the model's GNMT 0.6, carried over

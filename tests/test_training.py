@@ -254,6 +254,8 @@ def test_the_train_script_leaves_a_complete_model_folder(trained_folder):
         "padding_vanilla_transformer.py",
         "prenorm_vanilla_transformer.py",
         "tying_vanilla_transformer.py",
+        "cache_vanilla_transformer.py",
+        "precision_vanilla_transformer.py",
         "configuration_vanilla_transformer.py",
         "results.json",
         "README.md",
