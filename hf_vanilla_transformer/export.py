@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from .export_onnx import decoding_arguments
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_positions
 
 
@@ -271,12 +272,9 @@ class CTranslate2Translator:
         """Translations in input order, empty sentences kept empty; at most source length + `relative_max_length`
         tokens each, as the model's §6.1 rule (CTranslate2 caps the whole batch at the longest source's limit). Beams,
         α and the length limit default to the model's (`self.defaults`)."""
-        num_beams = self.defaults["num_beams"] if num_beams is None else num_beams
-        length_penalty = self.defaults["length_penalty"] if length_penalty is None else length_penalty
-        if relative_max_length is None:
-            relative_max_length = self.defaults["relative_max_length"]
-        if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
-            raise ValueError(f"num_beams={num_beams!r} is invalid; expected an integer >= 1.")
+        num_beams, length_penalty, relative_max_length = decoding_arguments(
+            self.defaults, num_beams, length_penalty, relative_max_length, max_batch_size
+        )
         texts = [i for i, sentence in enumerate(sentences) if sentence.strip()]
         outputs = [""] * len(sentences)
         if not texts:

@@ -239,6 +239,20 @@ or `python scripts/translate.py THIS_FOLDER --engine onnx < input.txt`.
 """
 
 
+def decoding_arguments(
+    defaults: dict, num_beams: int | None, length_penalty: float | None, relative_max_length: int | None, batch: int
+) -> tuple[int, float, int]:
+    """An export translator's decoding for one call: each value given, else the export's default (the model's);
+    a bad number of beams or batch size is named."""
+    num_beams = defaults["num_beams"] if num_beams is None else num_beams
+    length_penalty = defaults["length_penalty"] if length_penalty is None else length_penalty
+    relative_max_length = defaults["relative_max_length"] if relative_max_length is None else relative_max_length
+    for name, value in (("num_beams", num_beams), ("max_batch_size", batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is invalid; expected an integer >= 1.")
+    return num_beams, length_penalty, relative_max_length
+
+
 class OnnxTranslator:
     """An ONNX folder written by `export_onnx`, translating lists of sentences with ONNX Runtime like `translate()`:
     §6.1's beam search (or greedy search with `num_beams=1`), batched by source length, output in input order."""
@@ -291,13 +305,9 @@ class OnnxTranslator:
     ) -> list[str]:
         """Translations in input order, empty and whitespace-only sentences kept empty; the model's decoding
         defaults (from the export) unless given."""
-        num_beams = self.defaults["num_beams"] if num_beams is None else num_beams
-        alpha = self.defaults["length_penalty"] if length_penalty is None else length_penalty
-        relative = self.defaults["relative_max_length"] if relative_max_length is None else relative_max_length
-        if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
-            raise ValueError(f"num_beams={num_beams!r} is invalid; expected an integer >= 1.")
-        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
-            raise ValueError(f"max_batch_size={max_batch_size!r} is invalid; expected an integer >= 1.")
+        num_beams, alpha, relative = decoding_arguments(
+            self.defaults, num_beams, length_penalty, relative_max_length, max_batch_size
+        )
         outputs = [""] * len(sentences)
         texts = [i for i, sentence in enumerate(sentences) if sentence.strip()]
         if not texts:

@@ -15,6 +15,7 @@ from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer import trainer as trainer_module
 from hf_vanilla_transformer.arguments import check_recipe_arguments, length_penalty_choices, parse_config_overrides
 from hf_vanilla_transformer.averaging import average_checkpoints, average_last_checkpoints, checkpoint_folders
+from hf_vanilla_transformer.hub import REMOTE_CODE_FILES
 from hf_vanilla_transformer.inference import evaluate_translations
 from hf_vanilla_transformer.training import (
     ModelDataArguments,
@@ -247,16 +248,7 @@ def test_the_train_script_leaves_a_complete_model_folder(trained_folder):
         "generation_config.json",
         "tokenizer.json",
         "tokenizer_config.json",
-        "modeling_vanilla_transformer.py",
-        "decoding_vanilla_transformer.py",
-        "inputs_vanilla_transformer.py",
-        "loss_vanilla_transformer.py",
-        "padding_vanilla_transformer.py",
-        "prenorm_vanilla_transformer.py",
-        "tying_vanilla_transformer.py",
-        "cache_vanilla_transformer.py",
-        "precision_vanilla_transformer.py",
-        "configuration_vanilla_transformer.py",
+        *REMOTE_CODE_FILES,  # the configuration, modeling file and its siblings (listed in test_remote_code.py)
         "results.json",
         "README.md",
         "training_log.json",
