@@ -7,6 +7,7 @@ compiled decoding step. Imported relatively by the modeling file, and copied bes
 
 import torch
 from transformers.modeling_outputs import BaseModelOutput
+from transformers.utils import ModelOutput
 
 
 def _eager() -> bool:
@@ -68,9 +69,16 @@ def check_positions(config, start: int | torch.Tensor, length: int) -> None:
 
 
 def as_encoder_output(encoder_outputs) -> BaseModelOutput:
-    """`encoder_outputs` as given to the model's forward: a `BaseModelOutput`, or its tuple (`return_dict=False`)."""
+    """`encoder_outputs` as given to the model's forward: a `BaseModelOutput`, another `ModelOutput` with a
+    `last_hidden_state`, or the tuple of `return_dict=False`: (last_hidden_state, [hidden_states, [attentions]])."""
     if isinstance(encoder_outputs, BaseModelOutput):
         return encoder_outputs
+    if isinstance(encoder_outputs, ModelOutput) and encoder_outputs.get("last_hidden_state") is not None:
+        return BaseModelOutput(
+            last_hidden_state=encoder_outputs["last_hidden_state"],
+            hidden_states=encoder_outputs.get("hidden_states"),
+            attentions=encoder_outputs.get("attentions"),
+        )
     if not isinstance(encoder_outputs, (tuple, list)) or not encoder_outputs:
         raise ValueError(
             "encoder_outputs must be a BaseModelOutput or a tuple (last_hidden_state, [hidden_states, [attentions]]); "

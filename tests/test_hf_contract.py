@@ -70,6 +70,29 @@ def test_return_dict_false_returns_the_model_outputs_values_as_a_tuple(how):
     assert model.generate(ids[:1], max_new_tokens=3, num_beams=2).shape[0] == 1
 
 
+def test_encoder_outputs_are_read_as_a_model_output_another_model_output_or_a_tuple():
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    model = tiny_model()
+    ids, targets = random_ids(2, 7), random_ids(2, 5, seed=1)
+    mask = (ids != PAD).long()
+    encoded = model.get_encoder()(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    expected = model(input_ids=ids, attention_mask=mask, decoder_input_ids=targets).logits
+    for given in (
+        encoded,
+        encoded.to_tuple(),
+        [encoded.last_hidden_state],
+        BaseModelOutputWithPooling(last_hidden_state=encoded.last_hidden_state),
+    ):
+        got = model(encoder_outputs=given, attention_mask=mask, decoder_input_ids=targets)
+        assert torch.equal(got.logits, expected), type(given).__name__
+    tupled = model(encoder_outputs=encoded.to_tuple(), attention_mask=mask, decoder_input_ids=targets)
+    assert len(tupled.encoder_hidden_states) == len(encoded.hidden_states)
+    for bad in (encoded.last_hidden_state, ()):
+        with pytest.raises(ValueError, match="encoder_outputs must be a BaseModelOutput or a tuple"):
+            model(encoder_outputs=bad, attention_mask=mask, decoder_input_ids=targets)
+
+
 # --- a checkpoint without the shared matrix ---------------------------------------------------------------------------
 
 
