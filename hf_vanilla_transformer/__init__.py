@@ -8,14 +8,12 @@ Importing the package registers the model with the Auto classes (`AutoConfig`, `
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from .decoding_vanilla_transformer import RelativeMaxLengthCriteria, default_generation_config, gnmt_length_penalty
+from .loss_vanilla_transformer import label_smoothed_loss
 from .modeling_vanilla_transformer import (
-    RelativeMaxLengthCriteria,
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
     VanillaTransformerPreTrainedModel,
-    default_generation_config,
-    gnmt_length_penalty,
-    label_smoothed_loss,
     shift_tokens_right,
     sinusoidal_positions,
 )

@@ -44,12 +44,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import MarianConfig, MarianMTModel
 
-from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-from .modeling_vanilla_transformer import (
-    VanillaTransformerForConditionalGeneration,
-    label_smoothed_loss,
-    shift_tokens_right,
-)
+from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig, symmetric_preset
+from .loss_vanilla_transformer import label_smoothed_loss
+from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -58,15 +55,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # package's presets; "toy" (d_model 32) only checks that the benchmark runs.
 SIZES: dict[str, dict] = {
     "toy": {**PRESETS["tiny"], "dropout": 0.1},
-    "tiny": dict(
-        d_model=128,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=512,
-        decoder_ffn_dim=512,
-    ),
+    "tiny": symmetric_preset(128, layers=2, heads=2, ffn_dim=512),
     "small": PRESETS["small"],
     "base": PRESETS["base"],
     "big": PRESETS["big"],

@@ -26,58 +26,20 @@ from transformers.activations import ACT2FN
 
 # The two sizes of the paper (§6.1, Table 3) and smaller ones: `small` and `compact` (1.5x its speed) for CPU runs,
 # `tiny` for tests.
+def symmetric_preset(d_model: int, layers: int, heads: int, ffn_dim: int, **more) -> dict:
+    """A size with the same number of layers, heads and FFN width in the encoder and the decoder, as the paper's."""
+    sides = {"layers": layers, "attention_heads": heads, "ffn_dim": ffn_dim}
+    return dict(
+        d_model=d_model, **{f"{side}_{key}": v for side in ("encoder", "decoder") for key, v in sides.items()}, **more
+    )
+
+
 PRESETS: dict[str, dict] = {
-    "base": dict(
-        d_model=512,
-        encoder_layers=6,
-        decoder_layers=6,
-        encoder_attention_heads=8,
-        decoder_attention_heads=8,
-        encoder_ffn_dim=2048,
-        decoder_ffn_dim=2048,
-        dropout=0.1,
-    ),
-    "big": dict(
-        d_model=1024,
-        encoder_layers=6,
-        decoder_layers=6,
-        encoder_attention_heads=16,
-        decoder_attention_heads=16,
-        encoder_ffn_dim=4096,
-        decoder_ffn_dim=4096,
-        dropout=0.3,
-    ),
-    "small": dict(
-        d_model=256,
-        encoder_layers=3,
-        decoder_layers=3,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=1024,
-        decoder_ffn_dim=1024,
-        dropout=0.1,
-    ),
-    "compact": dict(
-        d_model=192,
-        encoder_layers=3,
-        decoder_layers=3,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=768,
-        decoder_ffn_dim=768,
-        dropout=0.1,
-    ),
-    "tiny": dict(
-        vocab_size=99,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        dropout=0.1,
-    ),
+    "base": symmetric_preset(512, layers=6, heads=8, ffn_dim=2048, dropout=0.1),
+    "big": symmetric_preset(1024, layers=6, heads=16, ffn_dim=4096, dropout=0.3),
+    "small": symmetric_preset(256, layers=3, heads=4, ffn_dim=1024, dropout=0.1),
+    "compact": symmetric_preset(192, layers=3, heads=4, ffn_dim=768, dropout=0.1),
+    "tiny": symmetric_preset(32, layers=2, heads=4, ffn_dim=64, dropout=0.1, vocab_size=99),
 }
 
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")

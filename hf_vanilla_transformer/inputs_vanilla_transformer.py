@@ -9,6 +9,8 @@ import torch
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import ModelOutput
 
+from .cache_vanilla_transformer import is_first_pass
+
 
 def _eager() -> bool:
     """False while `torch.compile` traces the model. The input checks and the padding skip read tensor values on the
@@ -48,8 +50,7 @@ def check_decoder_inputs(
     token `generate()` feeds back at each later step), and its masks against the target and the encoder output."""
     if not _eager():
         return
-    first_pass = not torch.is_tensor(past_length) and past_length == 0
-    if input_ids is not None and (first_pass or input_ids.shape[-1] > 1):
+    if input_ids is not None and (is_first_pass(past_length) or input_ids.shape[-1] > 1):
         _check_ids("decoder_input_ids", input_ids, config.vocab_size)
     target = input_ids if input_ids is not None else inputs_embeds
     if target is not None:

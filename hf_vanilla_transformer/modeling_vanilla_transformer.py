@@ -4,13 +4,10 @@ Post-LN encoder-decoder (§3.1), multi-head attention (§3.2), position-wise FFN
 by encoder input, decoder input and output projection, scaled by sqrt(d_model) (§3.4), sinusoidal positions
 computed for any length (§3.5), dropout as in §5.4 and label-smoothed loss (§5.4).
 
-What the paper describes lives here. Its siblings hold the rest: the loss (loss_vanilla_transformer.py), the decoding
-rules of §6.1 (decoding_vanilla_transformer.py), the input checks (inputs_vanilla_transformer.py), the padding skip
-(padding_vanilla_transformer.py), the pre-LN variant (prenorm_vanilla_transformer.py), the shared matrix under
-transformers' tied-weight bookkeeping (tying_vanilla_transformer.py), the decoding cache and the masks
-(cache_vanilla_transformer.py) and LayerNorm under CPU autocast (precision_vanilla_transformer.py). These files import
-only torch, transformers and each other, relatively, so `save_pretrained` copies them all and the folder loads with
-`trust_remote_code=True` where this package is not installed.
+What the paper describes lives here; what it does not (the loss, the §6.1 decoding rules, input checks, the padding
+skip, the pre-LN variant, the tied-weight bookkeeping, the decoding cache and masks, LayerNorm under CPU autocast)
+lives in the sibling `*_vanilla_transformer.py` files (docs/layout.md), imported relatively, so `save_pretrained`
+copies them and the folder loads with `trust_remote_code=True` without this package.
 
 Shape legend: B batch, S source length, T target length (new tokens), P cached target length, H heads,
 D d_model, Dk / Dv per-head query-key / value size, F FFN inner size, V vocabulary.
@@ -41,12 +38,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .cache_vanilla_transformer import attention_keys_values, decoder_masks, is_first_pass, open_cache
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .decoding_vanilla_transformer import (
-    RelativeMaxLengthCriteria,
-    VanillaTransformerGenerationMixin,
-    default_generation_config,
-    gnmt_length_penalty,
-)
+from .decoding_vanilla_transformer import VanillaTransformerGenerationMixin, default_generation_config
 from .inputs_vanilla_transformer import (
     _check_ids,
     _check_mask,
@@ -55,16 +47,14 @@ from .inputs_vanilla_transformer import (
     check_decoder_inputs,
     check_positions,
 )
-from .loss_vanilla_transformer import label_smoothed_loss, linear_label_smoothed_loss, loss_labels, project_and_score
+from .loss_vanilla_transformer import loss_labels, project_and_score
 from .padding_vanilla_transformer import decoder_token_index, positionwise, real_token_index
 from .precision_vanilla_transformer import VanillaTransformerLayerNorm
 from .prenorm_vanilla_transformer import PreLNDecoderLayerForward, PreLNEncoderLayerForward
 from .tying_vanilla_transformer import SharedEmbeddingTyingMixin
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Positions (§3.5)
-# ---------------------------------------------------------------------------------------------------------------------
+# --- Positions (§3.5) ------------------------------------------------------------------------------------------------
 
 
 def sinusoidal_positions(positions: torch.Tensor, dim: int, layout: str = "interleaved") -> torch.Tensor:
@@ -84,9 +74,7 @@ def sinusoidal_positions(positions: torch.Tensor, dim: int, layout: str = "inter
     return torch.cat((angles.sin(), angles.cos()[..., : dim // 2]), dim=-1)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Attention (§3.2)
-# ---------------------------------------------------------------------------------------------------------------------
+# --- Attention (§3.2) ------------------------------------------------------------------------------------------------
 
 
 def eager_attention_forward(
@@ -195,9 +183,7 @@ class VanillaTransformerAttention(nn.Module):
         return self.out_proj(attn_output), attn_weights
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Layers (§3.1, §3.3, §5.4)
-# ---------------------------------------------------------------------------------------------------------------------
+# --- Layers (§3.1, §3.3, §5.4) ---------------------------------------------------------------------------------------
 
 
 class VanillaTransformerFeedForward(nn.Module):
@@ -307,9 +293,7 @@ class VanillaTransformerPreLNDecoderLayer(PreLNDecoderLayerForward, VanillaTrans
     """Not the paper: `config.pre_layer_norm`, the same parameters wired pre-LN (prenorm_vanilla_transformer.py)."""
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Pre-trained model base: initialisation, tied embeddings
-# ---------------------------------------------------------------------------------------------------------------------
+# --- Pre-trained model base: initialisation, tied embeddings ---------------------------------------------------------
 
 
 class VanillaTransformerPreTrainedModel(SharedEmbeddingTyingMixin, PreTrainedModel):
@@ -513,9 +497,7 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
         )
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Encoder-decoder
-# ---------------------------------------------------------------------------------------------------------------------
+# --- Encoder-decoder -------------------------------------------------------------------------------------------------
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -694,14 +676,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
 
 
 __all__ = [
-    "RelativeMaxLengthCriteria",
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerModel",
     "VanillaTransformerPreTrainedModel",
-    "default_generation_config",
-    "gnmt_length_penalty",
-    "label_smoothed_loss",
-    "linear_label_smoothed_loss",
     "shift_tokens_right",
     "sinusoidal_positions",
 ]
