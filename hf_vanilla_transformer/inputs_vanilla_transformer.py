@@ -38,8 +38,9 @@ def _check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow: tuple[int, 
 
 
 def _check_mask(name: str, mask: torch.Tensor | None, expected: tuple[int, ...]) -> None:
-    """Raise a ValueError naming `name` when a 2-D padding mask does not have the `expected` shape."""
-    if mask is not None and mask.dim() == 2 and tuple(mask.shape) != expected:
+    """Raise a ValueError naming `name` when a 2-D padding mask does not have the `expected` shape (4-D masks and
+    flex attention's BlockMask, which generate() builds for a static cache, pass as they are)."""
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and tuple(mask.shape) != expected:
         raise ValueError(f"{name} has shape {tuple(mask.shape)}; expected {expected} to match the token ids.")
 
 
