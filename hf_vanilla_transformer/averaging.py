@@ -76,8 +76,10 @@ def choose_checkpoints(
 ) -> list[Path]:
     """The checkpoints worth averaging among a run's complete `folders` (oldest first): at most the newest `last`,
     only from the last `window` of the run (steps >= (1 - window) * the last checkpoint's step; None: no limit), and,
-    where `eval_losses` ({step: validation loss}) knows both a checkpoint and the last one, none whose validation loss
-    exceeds the last one's by more than `tolerance` (relative). The last checkpoint is always chosen.
+    where `eval_losses` ({step: validation loss}) knows a checkpoint's loss, none whose loss exceeds the last one's by
+    more than `tolerance` (relative). The last checkpoint is always chosen. A run stopped at its deadline saved its
+    last checkpoint between validations: the newest validation loss before it stands in for its loss, an upper
+    bound while the loss falls, so what it leaves out is clearly worse than the last checkpoint too.
 
     Averaging is worth it only over the end of a run: checkpoints from early in a short run are far from trained,
     and averaging them in cost 7.8 BLEU in a 1,700-update run (SPEC.md, "What is known about learning")."""
@@ -91,7 +93,8 @@ def choose_checkpoints(
     final = steps[-1]
     start = math.floor((1 - window) * final + 1e-6) if window is not None else -math.inf  # 1e-6: 2/3 * 5400
     losses = eval_losses or {}
-    reference = losses.get(final)
+    measured = [step for step in losses if step <= final]
+    reference = losses[max(measured)] if measured else None
     chosen = []
     for folder, step in zip(folders[-last:], steps[-last:], strict=True):
         if step < start:

@@ -143,6 +143,14 @@ def test_averaging_leaves_out_a_checkpoint_clearly_worse_on_validation():
     assert validation_losses(history) == {3600: 3.2, 4500: 3.05, 5400: 3.0}
     chosen = choose_checkpoints(folders(*range(450, 5401, 450)), last=5, eval_losses=validation_losses(history))
     assert [f.name for f in chosen] == [f"checkpoint-{s}" for s in (4050, 4500, 4950, 5400)]
+    # Stopped at its deadline at 5,150, saved between validations: 4,500's loss stands in for the last one's, and
+    # 3,600 (more than 2% above it) is still left out, where before the rule had no reference and kept it.
+    stopped = folders(*range(450, 4951, 450), 5150)
+    losses = {3600: 3.20, 4050: 3.10, 4500: 3.05}
+    chosen = choose_checkpoints(stopped, last=5, window=0.4, eval_losses=losses)
+    assert [f.name for f in chosen] == [f"checkpoint-{s}" for s in (4050, 4500, 4950, 5150)]
+    # A validation after the last checkpoint (a resumed run's log) is no reference for it.
+    assert len(choose_checkpoints(stopped, last=5, window=0.4, eval_losses={**losses, 5400: 2.0})) == 4
 
 
 # ---------------------------------------------------------------------------------------------------------------------
