@@ -11,9 +11,10 @@ Two graphs, exported with `torch.onnx.export(dynamo=True)` from the model's own 
   `VanillaTransformerForConditionalGeneration.forward` on a cache built from the inputs, so positions, masks and
   layers are the ones `generate()` uses.
 
-Batch, source and past lengths are dynamic. The search around the step (`OnnxTranslator`) is NumPy: §6.1's beam
-search (GNMT's length penalty, at most source length + 50 tokens, a sentence done once it has `num_beams` finished
-hypotheses) following `generate()`'s beam search step for step, and greedy search as one beam. transformers' own
+Batch, source and past lengths are dynamic. The search around the step (`OnnxTranslator`) is NumPy: `generate()`'s
+beam search step for step, with the model's decoding rules (§6.1 by default: GNMT's length penalty, at most source
+length + 50 tokens, a sentence done once it has `num_beams` finished hypotheses; transformers' `|Y|^alpha` penalty
+and `early_stopping=False` or `"never"` where the model's generation config says so), and greedy search as one beam. transformers' own
 `transformers.exporters` captures the forward calls of `generate()`, whose encoder runs outside `forward`, and leaves
 the search to PyTorch; these two graphs need neither.
 
@@ -34,6 +35,8 @@ ONNX_QUANTIZATIONS = ("float32", "int8")
 ONNX_INFO = "hf_vanilla_transformer_export.json"  # the same file name as the CTranslate2 export's
 ONNX_FILES = ("encoder.onnx", "decoder_step.onnx")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+PENALTY_NAMES = {"gnmt": "GNMT's ((5 + |Y|) / 6)^alpha", "hf": "transformers' |Y|^alpha"}
+EARLY_STOPPING = (True, False, "never")
 
 
 def cache_names(layers: int) -> tuple[list[str], list[str], list[str]]:
@@ -195,6 +198,8 @@ def export_onnx(
         "generation": {
             "num_beams": generation.num_beams,
             "length_penalty": generation.length_penalty,
+            "length_penalty_type": getattr(generation, "length_penalty_type", None) or "hf",  # as generate() reads it
+            "early_stopping": generation.early_stopping,
             "relative_max_length": getattr(generation, "relative_max_length", 50),
         },
         "source": str(model_dir),
@@ -223,8 +228,9 @@ Exported by `hf_vanilla_transformer` (`scripts/export.py --to onnx`, {info["quan
 `decoder_step.onnx` takes one target token per sentence with those and the self-attention keys and values of the
 steps so far, and gives the next token's log-probabilities and the keys and values with this step appended.
 `{ONNX_INFO}` holds the special token ids and the model's decoding defaults
-(beam search with {info["generation"]["num_beams"]} beams, GNMT length penalty alpha {info["generation"]["length_penalty"]},
-at most source length + {info["generation"]["relative_max_length"]} tokens).
+(beam search with {info["generation"]["num_beams"]} beams, {PENALTY_NAMES[info["generation"]["length_penalty_type"]]} length penalty
+alpha {info["generation"]["length_penalty"]}, early stopping {info["generation"]["early_stopping"]!r}, at most source length +
+{info["generation"]["relative_max_length"]} tokens).
 
 With the package (PyTorch is not needed to translate):
 
@@ -279,6 +285,9 @@ class OnnxTranslator:
         self.defaults = {
             "num_beams": generation["num_beams"],
             "length_penalty": generation["length_penalty"],
+            # Exports written before these two fields were searched with GNMT's penalty and early stopping.
+            "length_penalty_type": generation.get("length_penalty_type", "gnmt"),
+            "early_stopping": generation.get("early_stopping", True),
             "relative_max_length": generation["relative_max_length"],
         }
 
@@ -302,12 +311,18 @@ class OnnxTranslator:
         length_penalty: float | None = None,
         relative_max_length: int | None = None,
         max_batch_size: int = 32,
+        length_penalty_type: str | None = None,
+        early_stopping: bool | str | None = None,
     ) -> list[str]:
         """Translations in input order, empty and whitespace-only sentences kept empty; the model's decoding
         defaults (from the export) unless given."""
         num_beams, alpha, relative = decoding_arguments(
             self.defaults, num_beams, length_penalty, relative_max_length, max_batch_size
         )
+        rules = {
+            "length_penalty_type": length_penalty_type or self.defaults["length_penalty_type"],
+            "early_stopping": self.defaults["early_stopping"] if early_stopping is None else early_stopping,
+        }
         outputs = [""] * len(sentences)
         texts = [i for i, sentence in enumerate(sentences) if sentence.strip()]
         if not texts:
@@ -316,22 +331,42 @@ class OnnxTranslator:
         order = sorted(range(len(texts)), key=lambda i: -len(sources[i]))  # longest first: little padding
         for start in range(0, len(order), max_batch_size):
             chunk = order[start : start + max_batch_size]
-            ids = self.search([sources[i] for i in chunk], num_beams, alpha, relative)
+            ids = self.search([sources[i] for i in chunk], num_beams, alpha, relative, **rules)
             for i, tokens in zip(chunk, ids, strict=True):
                 outputs[texts[i]] = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()
         return outputs
 
     def search(
-        self, sources: list[list[int]], num_beams: int, alpha: float, relative_max_length: int
+        self,
+        sources: list[list[int]],
+        num_beams: int,
+        alpha: float,
+        relative_max_length: int,
+        length_penalty_type: str = "gnmt",
+        early_stopping: bool | str = True,
     ) -> list[list[int]]:
         """The generated ids (without the start token, with the final `</s>` if one was produced) of each source.
 
         `generate()`'s beam search, sentence by sentence: each step scores every running beam's continuations,
         keeps the 2 x num_beams best; those among the best num_beams that end the sentence (`</s>`, or the
-        sentence's length limit) become finished hypotheses ranked by log P(Y) / ((5 + |Y|) / 6)^alpha, the best
-        num_beams of the others run on. A sentence is done once it has num_beams finished hypotheses; its
-        translation is the best of them. Finished sentences leave the batch.
+        sentence's length limit) become finished hypotheses ranked by log P(Y) / lp(|Y|) (GNMT's
+        lp = ((5 + |Y|) / 6)^alpha, or transformers' |Y|^alpha), the best num_beams of the others run on. A sentence
+        is done once it has num_beams finished hypotheses (`early_stopping=True`), or, with False or "never", once its
+        best running hypothesis divided by lp(its length now, or for "never" the batch's longest allowed length)
+        cannot beat the worst of them, transformers' heuristic; its translation is the best finished hypothesis.
+        Finished sentences leave the batch. One beam is greedy search.
         """
+        if length_penalty_type not in PENALTY_NAMES:
+            raise ValueError(
+                f"length_penalty_type={length_penalty_type!r} is invalid; expected one of {tuple(PENALTY_NAMES)}."
+            )
+        if early_stopping not in EARLY_STOPPING or not isinstance(early_stopping, (bool, str)):
+            raise ValueError(f"early_stopping={early_stopping!r} is invalid; expected one of {EARLY_STOPPING}.")
+        if length_penalty_type == "gnmt":
+            penalty = lambda length: ((5.0 + length) / 6.0) ** alpha  # noqa: E731
+        else:
+            penalty = lambda length: length**alpha  # noqa: E731
+        early_stopping = True if num_beams == 1 else early_stopping  # greedy search ends at its first </s>
         info = self.info
         pad, eos, start = info["pad_token_id"], info["eos_token_id"], info["decoder_start_token_id"]
         batch, beams = len(sources), num_beams
@@ -342,6 +377,7 @@ class OnnxTranslator:
             ids[row, : len(source)], mask[row, : len(source)] = source, 1
         cross = self.encoder.run(None, {"input_ids": ids, "attention_mask": mask})  # per layer: keys, values
         limits = mask.sum(1) + relative_max_length  # new tokens allowed per sentence (§6.1: input length + 50)
+        longest = int(limits.max())  # generate()'s max_new_tokens for this batch
 
         # Every sentence's beams are consecutive rows; `active` holds the sentences still searching.
         rows = np.repeat(np.arange(batch), beams)
@@ -376,11 +412,15 @@ class OnnxTranslator:
                 for rank, ((score, beam, token), end) in enumerate(zip(candidates, ends, strict=True)):
                     if end and rank < beams:
                         hypothesis = sequences[sentence][beam] + [int(token)]
-                        finished[sentence].append((score / ((5.0 + step) / 6.0) ** alpha, hypothesis))
+                        finished[sentence].append((score / penalty(step), hypothesis))
                 finished[sentence] = sorted(finished[sentence], key=lambda item: -item[0])[:beams]
-                if len(finished[sentence]) >= beams:
-                    continue  # done: its beams leave the batch
                 survivors = [c for c, end in zip(candidates, ends, strict=True) if not end][:beams]
+                if len(finished[sentence]) >= beams:
+                    if early_stopping is True or not survivors:
+                        continue  # done: its beams leave the batch
+                    length = longest if early_stopping == "never" and alpha > 0 else step
+                    if survivors[0][0] / penalty(length) <= finished[sentence][-1][0]:
+                        continue  # no running hypothesis can still beat the worst finished one
                 sequences[sentence] = [sequences[sentence][beam] + [int(token)] for _, beam, token in survivors]
                 running[sentence] = [score for score, _, _ in survivors]
                 next_rows += [n * beams + beam for _, beam, _ in survivors]

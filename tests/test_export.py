@@ -9,14 +9,16 @@ relative length limit) give `generate()`'s tokens, the step's log-probabilities 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import shutil
 
 import pytest
 import torch
 from tokenizers import processors
 
 from hf_vanilla_transformer.export import EXPORT_INFO, CTranslate2Translator, export_ctranslate2
-from hf_vanilla_transformer.export_onnx import OnnxTranslator, cache_names, export_onnx
+from hf_vanilla_transformer.export_onnx import ONNX_INFO, OnnxTranslator, cache_names, export_onnx
 
 from conftest import reversal_task, run_script, tiny_model, train_on_reversal
 
@@ -131,9 +133,6 @@ def test_what_cannot_be_exported_is_refused_with_its_value(trained, tmp_path):
 def test_the_export_decodes_with_the_models_beams_and_alpha(trained, tmp_path):
     """The main job keeps the α it chose on validation in the model's generation config: the export records it and
     decodes with it by default (also from an export written before the record, from its generation config)."""
-    import json
-    import shutil
-
     from transformers import GenerationConfig
 
     folder, _, _, _ = trained
@@ -206,12 +205,49 @@ def test_onnx_greedy_and_beam_search_give_our_tokens(trained, onnx_folder):
             beams,
             relative,
         )
+    # transformers' rules where the model's generation config asks for them: its |Y|^alpha penalty, and
+    # early_stopping=False / "never", which search on past num_beams finished hypotheses by transformers' heuristic.
+    searched_on = 0
+    for penalty, early, alpha in (("hf", True, 1.0), ("hf", "never", 1.0), ("gnmt", False, 0.6), ("gnmt", "never", 2.0)):
+        onnx = engine.search(sources, 4, alpha, 50, length_penalty_type=penalty, early_stopping=early)
+        kwargs = dict(num_beams=4, length_penalty=alpha, length_penalty_type=penalty, early_stopping=early)
+        assert onnx == our_tokens(model, tokenizer, sources, **kwargs), (penalty, early, alpha)
+        searched_on += onnx != engine.search(sources, 4, alpha, 50, length_penalty_type=penalty)
+    assert searched_on  # searching past the first num_beams finished hypotheses changed a translation
+    with pytest.raises(ValueError, match="length_penalty_type='wu' is invalid"):
+        engine.search(sources, 4, 0.6, 50, length_penalty_type="wu")
+    with pytest.raises(ValueError, match="early_stopping='always' is invalid"):
+        engine.search(sources, 4, 0.6, 50, early_stopping="always")
     # Beam search found finished hypotheses (</s>) and the short limit cut them: both paths were taken.
     assert all(row[-1] == tokenizer.eos_token_id for row in engine.search(sources[:4], 4, 0.6, 50))
     assert all(
         len(row) <= len(source) + 2 for row, source in zip(engine.search(sources, 4, 0.6, 2), sources, strict=True)
     )
     assert engine.translate(["w4 w5 w6", "", "w1 w2 w3 w4"], num_beams=1) == ["w6 w5 w4", "", "w4 w3 w2 w1"]
+
+
+def test_onnx_export_records_the_models_decoding_rules_and_translates_with_them(onnx_folder, tmp_path):
+    info = json.loads((onnx_folder / ONNX_INFO).read_text())
+    assert info["generation"] == {  # the trained model's generation config: the paper's rules
+        "num_beams": 4,
+        "length_penalty": 0.6,
+        "length_penalty_type": "gnmt",
+        "early_stopping": True,
+        "relative_max_length": 50,
+    }
+    assert "GNMT's ((5 + |Y|) / 6)^alpha length penalty" in (onnx_folder / "README.md").read_text().replace("\n", " ")
+    folder = tmp_path / "onnx"
+    shutil.copytree(onnx_folder, folder)
+    info["generation"] |= {"length_penalty_type": "hf", "early_stopping": "never", "length_penalty": 2.0}
+    (folder / ONNX_INFO).write_text(json.dumps(info))
+    engine = OnnxTranslator(folder)
+    sentences = [*SENTENCES, "w30 w2 w17", "w3 w3 w3 w3 w3 w3 w3"]
+    rules = dict(length_penalty=2.0, length_penalty_type="hf", early_stopping="never")
+    assert engine.translate(sentences) == OnnxTranslator(onnx_folder).translate(sentences, **rules)
+    for name in ("length_penalty_type", "early_stopping"):  # an export written before the two fields
+        del info["generation"][name]
+    (folder / ONNX_INFO).write_text(json.dumps(info))
+    assert OnnxTranslator(folder).defaults | {"length_penalty": 0.6} == OnnxTranslator(onnx_folder).defaults
 
 
 def test_onnx_step_log_probabilities_are_ours(trained, onnx_folder):
