@@ -135,22 +135,27 @@ def test_averaging_takes_only_the_end_of_the_run():
 
 def test_averaging_leaves_out_a_checkpoint_clearly_worse_on_validation():
     history = [
-        {"step": 3600, "eval_loss": 3.20},  # more than 2% above the last: left out
-        {"step": 4500, "eval_loss": 3.05},  # within 2%: kept
-        {"step": 5400, "eval_loss": 3.00},
-        {"step": 5400, "loss": 2.5},
+        {"step": 1432, "eval_loss": 4.546},  # run C's validations: 15.6% above the last, left out
+        {"step": 1790, "eval_loss": 4.196},  # 6.7% above: kept
+        {"step": 2138, "eval_loss": 3.933},
+        {"step": 2138, "loss": 3.5},
     ]
-    assert validation_losses(history) == {3600: 3.2, 4500: 3.05, 5400: 3.0}
-    chosen = choose_checkpoints(folders(*range(450, 5401, 450)), last=5, eval_losses=validation_losses(history))
-    assert [f.name for f in chosen] == [f"checkpoint-{s}" for s in (4050, 4500, 4950, 5400)]
-    # Stopped at its deadline at 5,150, saved between validations: 4,500's loss stands in for the last one's, and
-    # 3,600 (more than 2% above it) is still left out, where before the rule had no reference and kept it.
-    stopped = folders(*range(450, 4951, 450), 5150)
-    losses = {3600: 3.20, 4050: 3.10, 4500: 3.05}
-    chosen = choose_checkpoints(stopped, last=5, window=0.4, eval_losses=losses)
-    assert [f.name for f in chosen] == [f"checkpoint-{s}" for s in (4050, 4500, 4950, 5150)]
-    # A validation after the last checkpoint (a resumed run's log) is no reference for it.
-    assert len(choose_checkpoints(stopped, last=5, window=0.4, eval_losses={**losses, 5400: 2.0})) == 4
+    losses = validation_losses(history)
+    assert losses == {1432: 4.546, 1790: 4.196, 2138: 3.933}
+    every = folders(*range(179, 2138, 179), 2138)
+    names = lambda chosen: [f.name.removeprefix("checkpoint-") for f in chosen]  # noqa: E731
+    # 1,611 has no validation of its own; its loss is at least 1,790's, within 10%: kept.
+    assert names(choose_checkpoints(every, last=5, eval_losses=losses)) == ["1611", "1790", "1969", "2138"]
+    # A later validation clearly worse judges the unmeasured checkpoint before it too: 1,611 goes with 1,790.
+    worse = losses | {1790: 4.5}
+    assert names(choose_checkpoints(every, last=5, eval_losses=worse)) == ["1969", "2138"]
+    assert names(choose_checkpoints(every, last=5, eval_losses=worse, tolerance=0.15)) == ["1611", "1790", "1969", "2138"]
+    # Stopped at its deadline at 2,050, saved between validations: 1,790's loss stands in for the last one's (an
+    # upper bound while the loss falls); 1,432 (8.3% above it) is kept at 10%, left out at 5%, and 1,969 (no
+    # validation at or after it) is judged by nothing.
+    stopped = folders(*range(179, 2050, 179), 2050)
+    assert names(choose_checkpoints(stopped, last=5, eval_losses=losses)) == ["1432", "1611", "1790", "1969", "2050"]
+    assert names(choose_checkpoints(stopped, last=5, eval_losses=losses, tolerance=0.05)) == ["1611", "1790", "1969", "2050"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
