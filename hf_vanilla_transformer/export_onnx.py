@@ -195,18 +195,24 @@ def export_onnx(
         "decoder_attention_heads": config.decoder_attention_heads,
         "head_dims": list(config.head_dims(config.decoder_attention_heads)),
         "max_source_tokens": config.max_position_embeddings if config.position_embedding_type == "learned" else None,
-        "generation": {
-            "num_beams": generation.num_beams,
-            "length_penalty": generation.length_penalty,
-            "length_penalty_type": getattr(generation, "length_penalty_type", None) or "hf",  # as generate() reads it
-            "early_stopping": generation.early_stopping,
-            "relative_max_length": getattr(generation, "relative_max_length", 50),
-        },
+        "generation": recorded_decoding(generation),
         "source": str(model_dir),
     }
     (output_dir / ONNX_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     (output_dir / "README.md").write_text(_readme(info), encoding="utf-8")
     return output_dir
+
+
+def recorded_decoding(generation) -> dict:
+    """The decoding rules of a `GenerationConfig` that the search follows, unset values as generate() reads them
+    (alpha 1.0, transformers' |Y|^alpha penalty, no early stopping)."""
+    return {
+        "num_beams": generation.num_beams,
+        "length_penalty": 1.0 if generation.length_penalty is None else generation.length_penalty,
+        "length_penalty_type": getattr(generation, "length_penalty_type", None) or "hf",
+        "early_stopping": False if generation.early_stopping is None else generation.early_stopping,
+        "relative_max_length": getattr(generation, "relative_max_length", 50),
+    }
 
 
 def _quantize_int8(path: Path) -> None:
@@ -352,8 +358,9 @@ class OnnxTranslator:
         sentence's length limit) become finished hypotheses ranked by log P(Y) / lp(|Y|) (GNMT's
         lp = ((5 + |Y|) / 6)^alpha, or transformers' |Y|^alpha), the best num_beams of the others run on. A sentence
         is done once it has num_beams finished hypotheses (`early_stopping=True`), or, with False or "never", once its
-        best running hypothesis divided by lp(its length now, or for "never" the batch's longest allowed length)
-        cannot beat the worst of them, transformers' heuristic; its translation is the best finished hypothesis.
+        best running hypothesis divided by lp(its length now; for "never" with alpha > 0, the batch's longest allowed
+        length, so that the result depends on the batch, as generate()'s does) cannot beat the worst of them,
+        transformers' heuristic; its translation is the best finished hypothesis.
         Finished sentences leave the batch. One beam is greedy search.
         """
         if length_penalty_type not in PENALTY_NAMES:

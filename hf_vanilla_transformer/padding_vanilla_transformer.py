@@ -36,7 +36,7 @@ def decoder_token_index(
     if token_mask is not None:
         _check_mask("token_mask", token_mask, shape)
         return real_token_index(token_mask.bool().flip(1).cummax(1).values.flip(1))
-    if attention_mask is not None and attention_mask.dim() == 2:
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:  # not flex attention's BlockMask
         return real_token_index(attention_mask.bool())
     return None
 

@@ -149,13 +149,23 @@ def test_averaging_leaves_out_a_checkpoint_clearly_worse_on_validation():
     # A later validation clearly worse judges the unmeasured checkpoint before it too: 1,611 goes with 1,790.
     worse = losses | {1790: 4.5}
     assert names(choose_checkpoints(every, last=5, eval_losses=worse)) == ["1969", "2138"]
-    assert names(choose_checkpoints(every, last=5, eval_losses=worse, tolerance=0.15)) == ["1611", "1790", "1969", "2138"]
+    assert names(choose_checkpoints(every, last=5, eval_losses=worse, tolerance=0.15)) == [
+        "1611",
+        "1790",
+        "1969",
+        "2138",
+    ]
     # Stopped at its deadline at 2,050, saved between validations: 1,790's loss stands in for the last one's (an
     # upper bound while the loss falls); 1,432 (8.3% above it) is kept at 10%, left out at 5%, and 1,969 (no
     # validation at or after it) is judged by nothing.
     stopped = folders(*range(179, 2050, 179), 2050)
     assert names(choose_checkpoints(stopped, last=5, eval_losses=losses)) == ["1432", "1611", "1790", "1969", "2050"]
-    assert names(choose_checkpoints(stopped, last=5, eval_losses=losses, tolerance=0.05)) == ["1611", "1790", "1969", "2050"]
+    assert names(choose_checkpoints(stopped, last=5, eval_losses=losses, tolerance=0.05)) == [
+        "1611",
+        "1790",
+        "1969",
+        "2050",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

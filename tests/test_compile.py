@@ -54,7 +54,7 @@ def test_the_model_declares_what_transformers_reads_for_compilation():
 def flex_attention_against_sdpa() -> None:
     """Flex attention against SDPA on a tiny model and padded sources: teacher-forced along SDPA's greedy output,
     the logits (1e-5) and their argmax (SDPA's tokens); and greedy decoding with a static cache (generate() then
-    hands the layers flex attention's BlockMask), SDPA's tokens. Shapes stay static, so each compiled flex kernel
+    hands the layers flex attention's BlockMask), from the start token and from a 3-token prompt, SDPA's tokens. Shapes stay static, so each compiled flex kernel
     sees one query and one key length."""
     torch._dynamo.config.automatic_dynamic_shapes = False
     model = tiny_model(seed=2)
@@ -66,9 +66,13 @@ def flex_attention_against_sdpa() -> None:
         model.set_attn_implementation("flex_attention")
         logits = model(**inputs).logits
         static = generate(model, "greedy", cache_implementation="static")
+        # A first pass of several decoder tokens (the BlockMask reaches the padding skip too): greedy search goes on
+        # from its own first three tokens as it went.
+        prompted = generate(model, "greedy", cache_implementation="static", decoder_input_ids=greedy[:, :3])
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(logits.argmax(-1), greedy[:, 1:])
     assert torch.equal(static, greedy), (static, greedy)
+    assert torch.equal(prompted[:, : greedy.shape[1]], greedy), (prompted, greedy)
 
 
 @pytest.mark.slow

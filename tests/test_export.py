@@ -18,7 +18,7 @@ import torch
 from tokenizers import processors
 
 from hf_vanilla_transformer.export import EXPORT_INFO, CTranslate2Translator, export_ctranslate2
-from hf_vanilla_transformer.export_onnx import ONNX_INFO, OnnxTranslator, cache_names, export_onnx
+from hf_vanilla_transformer.export_onnx import ONNX_INFO, OnnxTranslator, cache_names, export_onnx, recorded_decoding
 
 from conftest import reversal_task, run_script, tiny_model, train_on_reversal
 
@@ -208,12 +208,23 @@ def test_onnx_greedy_and_beam_search_give_our_tokens(trained, onnx_folder):
     # transformers' rules where the model's generation config asks for them: its |Y|^alpha penalty, and
     # early_stopping=False / "never", which search on past num_beams finished hypotheses by transformers' heuristic.
     searched_on = 0
-    for penalty, early, alpha in (("hf", True, 1.0), ("hf", "never", 1.0), ("gnmt", False, 0.6), ("gnmt", "never", 2.0)):
+    results = {}
+    for penalty, early, alpha in (
+        ("hf", False, 2.0),
+        ("hf", "never", 1.0),
+        ("gnmt", False, 2.0),
+        ("gnmt", "never", 2.0),
+    ):
         onnx = engine.search(sources, 4, alpha, 50, length_penalty_type=penalty, early_stopping=early)
         kwargs = dict(num_beams=4, length_penalty=alpha, length_penalty_type=penalty, early_stopping=early)
         assert onnx == our_tokens(model, tokenizer, sources, **kwargs), (penalty, early, alpha)
         searched_on += onnx != engine.search(sources, 4, alpha, 50, length_penalty_type=penalty)
+        results[penalty, early, alpha] = onnx
     assert searched_on  # searching past the first num_beams finished hypotheses changed a translation
+    assert results["hf", False, 2.0] != results["gnmt", False, 2.0]  # the two penalties ranked differently
+    # One beam is greedy search whatever early_stopping says: it ends at its first </s>.
+    greedy = our_tokens(model, tokenizer, sources, num_beams=1)
+    assert engine.search(sources, 1, 2.0, 50, early_stopping="never") == greedy
     with pytest.raises(ValueError, match="length_penalty_type='wu' is invalid"):
         engine.search(sources, 4, 0.6, 50, length_penalty_type="wu")
     with pytest.raises(ValueError, match="early_stopping='always' is invalid"):
@@ -227,6 +238,16 @@ def test_onnx_greedy_and_beam_search_give_our_tokens(trained, onnx_folder):
 
 
 def test_onnx_export_records_the_models_decoding_rules_and_translates_with_them(onnx_folder, tmp_path):
+    from transformers import GenerationConfig
+
+    # A generation config that leaves the rules unset decodes as generate() reads it: alpha 1, |Y|^alpha, no early stop.
+    assert recorded_decoding(GenerationConfig(num_beams=2)) == {
+        "num_beams": 2,
+        "length_penalty": 1.0,
+        "length_penalty_type": "hf",
+        "early_stopping": False,
+        "relative_max_length": 50,
+    }
     info = json.loads((onnx_folder / ONNX_INFO).read_text())
     assert info["generation"] == {  # the trained model's generation config: the paper's rules
         "num_beams": 4,
