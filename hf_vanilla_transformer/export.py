@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .export_onnx import decoding_arguments
+from .export_onnx import decoding_arguments, recorded_decoding
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_positions
 
 
@@ -190,13 +190,13 @@ def decoding_defaults(generation: dict) -> dict:
     the paper's 0.6) as CTranslate2's α (`ctranslate2_alpha`), and the relative length limit."""
     from transformers import GenerationConfig
 
-    config = GenerationConfig.from_dict(dict(generation))
-    penalty_type = getattr(config, "length_penalty_type", None) or "hf"
+    rules = recorded_decoding(GenerationConfig.from_dict(dict(generation)))  # as generate() reads them
+    alpha, penalty_type = rules["length_penalty"], rules["length_penalty_type"]
     return {
-        "num_beams": config.num_beams,
-        "length_penalty": ctranslate2_alpha(config.length_penalty, penalty_type),
-        "model_length_penalty": {"alpha": config.length_penalty, "type": penalty_type},
-        "relative_max_length": getattr(config, "relative_max_length", 50),
+        "num_beams": rules["num_beams"],
+        "length_penalty": ctranslate2_alpha(alpha, penalty_type),
+        "model_length_penalty": {"alpha": alpha, "type": penalty_type},
+        "relative_max_length": rules["relative_max_length"],
     }
 
 

@@ -14,8 +14,8 @@ Two graphs, exported with `torch.onnx.export(dynamo=True)` from the model's own 
 Batch, source and past lengths are dynamic. The search around the step (`OnnxTranslator`) is NumPy: `generate()`'s
 beam search step for step, with the model's decoding rules (§6.1 by default: GNMT's length penalty, at most source
 length + 50 tokens, a sentence done once it has `num_beams` finished hypotheses; transformers' `|Y|^alpha` penalty
-and `early_stopping=False` or `"never"` where the model's generation config says so), and greedy search as one beam. transformers' own
-`transformers.exporters` captures the forward calls of `generate()`, whose encoder runs outside `forward`, and leaves
+and `early_stopping=False` or `"never"` where the model's generation config says so), and greedy search as one
+beam. transformers' own `transformers.exporters` captures the forward calls of `generate()`, whose encoder runs outside `forward`, and leaves
 the search to PyTorch; these two graphs need neither.
 
 `onnx`, `onnxscript` (export) and `onnxruntime` (translation) are optional (`pip install
@@ -287,15 +287,9 @@ class OnnxTranslator:
             onnxruntime.InferenceSession(str(folder / name), options, providers=providers) for name in ONNX_FILES
         )
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        generation = self.info["generation"]
-        self.defaults = {
-            "num_beams": generation["num_beams"],
-            "length_penalty": generation["length_penalty"],
-            # Exports written before these two fields were searched with GNMT's penalty and early stopping.
-            "length_penalty_type": generation.get("length_penalty_type", "gnmt"),
-            "early_stopping": generation.get("early_stopping", True),
-            "relative_max_length": generation["relative_max_length"],
-        }
+        # The rules recorded_decoding wrote; exports written before the last two were searched with GNMT's
+        # penalty and early stopping.
+        self.defaults = {"length_penalty_type": "gnmt", "early_stopping": True} | self.info["generation"]
 
     def encode(self, sentences: list[str]) -> list[list[int]]:
         """Source ids with `</s>` appended, as the package's tokenizer gives them."""

@@ -408,7 +408,7 @@ class VanillaTransformerEncoder(_VanillaTransformerStack):
         _check_mask("attention_mask", attention_mask, tuple(hidden_states.shape[:2]))
 
         # The padding skip: padding is never attended to, so its FFN is skipped.
-        token_index = real_token_index(attention_mask.bool() if isinstance(attention_mask, torch.Tensor) else None)
+        token_index = real_token_index(attention_mask)
         attention_mask = create_bidirectional_mask(
             config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
         )

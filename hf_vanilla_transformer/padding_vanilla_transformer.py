@@ -20,10 +20,14 @@ import torch
 from .inputs_vanilla_transformer import _check_mask, _eager
 
 
-def real_token_index(keep: torch.Tensor | None) -> torch.Tensor | None:
-    """Flat indices into B * L of the positions to compute, from a (B, L) mask of them; None when there is nothing
-    to skip (no mask, or no padding) and under `torch.compile`, which keeps the dense path."""
-    if keep is None or keep.dim() != 2 or not _eager() or bool(keep.all()):
+def real_token_index(keep) -> torch.Tensor | None:
+    """Flat indices into B * L of the positions to compute, from a (B, L) mask of them (nonzero: compute); None when
+    there is nothing to skip (no 2-D mask: none, a 4-D one, or flex attention's BlockMask; no padding) and under
+    `torch.compile`, which keeps the dense path."""
+    if not isinstance(keep, torch.Tensor) or keep.dim() != 2 or not _eager():
+        return None
+    keep = keep.bool()
+    if bool(keep.all()):
         return None
     return keep.reshape(-1).nonzero().squeeze(1)
 
@@ -36,9 +40,7 @@ def decoder_token_index(
     if token_mask is not None:
         _check_mask("token_mask", token_mask, shape)
         return real_token_index(token_mask.bool().flip(1).cummax(1).values.flip(1))
-    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:  # not flex attention's BlockMask
-        return real_token_index(attention_mask.bool())
-    return None
+    return real_token_index(attention_mask)
 
 
 def positionwise(

@@ -54,8 +54,8 @@ def test_the_model_declares_what_transformers_reads_for_compilation():
 def flex_attention_against_sdpa() -> None:
     """Flex attention against SDPA on a tiny model and padded sources: teacher-forced along SDPA's greedy output,
     the logits (1e-5) and their argmax (SDPA's tokens); and greedy decoding with a static cache (generate() then
-    hands the layers flex attention's BlockMask), from the start token and from a 3-token prompt, SDPA's tokens. Shapes stay static, so each compiled flex kernel
-    sees one query and one key length."""
+    hands the layers flex attention's BlockMask), from the start token and from a 3-token prompt, SDPA's tokens.
+    Shapes stay static, so each compiled flex kernel sees one query and one key length."""
     torch._dynamo.config.automatic_dynamic_shapes = False
     model = tiny_model(seed=2)
     sources, mask = padded_sources()
