@@ -20,6 +20,10 @@ Cases, for each model size:
                  `torch.compile(forward)`); the tokens of every variant must equal ours eager.
                  `compile_warmup_seconds` is the compiled variant's first call minus its median call, and
                  `break_even_sentences` the sentences after which compiling has paid for itself.
+                 `matrix_products` runs only the matrix products of the same generate() call (encoder, cross-attention
+                 keys and values once; then per token each decoder layer's projections and FFN and the output
+                 layer), with the same weights, back to back: its ratio is the ceiling of any implementation that
+                 computes these products with this machine's kernels, however little else it does.
 * peak_memory:   the memory a train_labels step adds (CPU: the profiler's memory timeline in a fresh process; GPU:
                  peak allocated).
 
@@ -236,6 +240,51 @@ def make_generate(model, inputs: dict, num_beams: int, compiled: bool, options: 
     return run
 
 
+def make_matrix_products(model, inputs: dict, num_beams: int, options: BenchmarkConfig) -> Callable:
+    """Only the matrix products of `make_generate(model, inputs, num_beams, ...)`, each an `F.linear` with the
+    model's own weights and biases on as many rows as generate() gives it: the floor of that call's time.
+
+    generate() runs the encoder once on the sources, then repeats each encoder output for the beams, so the
+    cross-attention keys and values are computed once on (sentences x beams x source length) rows; every step after
+    that runs each decoder layer's self-attention projections, its cross-attention query and output and its FFN, and
+    the output layer, on one row per beam."""
+    sentences, source_length = inputs["input_ids"].shape
+    rows = sentences * num_beams
+    encoder, decoder = model.get_encoder(), model.get_decoder()
+
+    def linears(layers, part: str, names: tuple[str, ...]) -> list[torch.nn.Linear]:
+        return [getattr(getattr(layer, part), name) for layer in layers for name in names]
+
+    once = [
+        (sentences * source_length, linears(encoder.layers, "self_attn", ("q_proj", "k_proj", "v_proj", "out_proj"))),
+        (sentences * source_length, linears(encoder.layers, "ffn", ("fc1", "fc2"))),
+        (rows * source_length, linears(decoder.layers, "encoder_attn", ("k_proj", "v_proj"))),
+    ]
+    per_step = linears(decoder.layers, "self_attn", ("q_proj", "k_proj", "v_proj", "out_proj"))
+    per_step += linears(decoder.layers, "encoder_attn", ("q_proj", "out_proj"))
+    per_step += linears(decoder.layers, "ffn", ("fc1", "fc2"))
+    dtype = next(model.parameters()).dtype
+    shapes = {(count, linear.in_features) for count, group in once for linear in group}
+    shapes |= {(rows, linear.in_features) for linear in per_step}
+    # One input per shape, reused: only the products are timed.
+    data = {shape: torch.randn(*shape, device=options.device, dtype=dtype) for shape in shapes}
+    output_layer = model.get_output_embeddings().weight  # (V, d): the projection onto the vocabulary
+    last = torch.randn(rows, output_layer.shape[1], device=options.device, dtype=dtype)
+    linear = torch.nn.functional.linear
+
+    def run() -> None:
+        with autocast(options), torch.no_grad():
+            for count, group in once:
+                for layer in group:
+                    linear(data[count, layer.in_features], layer.weight, layer.bias)
+            for _ in range(options.new_tokens):
+                for layer in per_step:
+                    linear(data[rows, layer.in_features], layer.weight, layer.bias)
+                linear(last, output_layer)
+
+    return run
+
+
 class CompiledForward:
     """A model whose `forward` is compiled only while this wrapper calls it, so that its eager variant, timed in
     turns with it, stays eager."""
@@ -426,13 +475,14 @@ def benchmark_generation(size: str, models: dict, options: BenchmarkConfig) -> d
             runs[name] = make_generate(model.eval(), inputs, beams, False, options)
             if options.compile:
                 runs[f"{name}_compiled"] = make_generate(model, inputs, beams, True, options)
+        runs["matrix_products"] = make_matrix_products(models["ours"], inputs, beams, options)
         outputs, first = {}, {}
         for name, run in runs.items():  # the first call of each variant: the compiled ones compile here
             start = time.perf_counter()
             outputs[name] = run()
             first[name] = time.perf_counter() - start
         for name, output in outputs.items():
-            if not torch.equal(output, outputs["ours"]):
+            if name != "matrix_products" and not torch.equal(output, outputs["ours"]):
                 raise RuntimeError(f"{size} {case}: {name} generated other tokens than ours eager.")
         times = {**time_in_turns(runs, options.repeats, 0, options.device), "first": first}
         results[case] = CaseResult.of(times, options.generation_batch * options.new_tokens)
@@ -446,7 +496,7 @@ def benchmark_generation(size: str, models: dict, options: BenchmarkConfig) -> d
 def add_break_even(result: CaseResult, name: str, sentences_per_call: int) -> None:
     """What compiling costs once (first call minus a steady call) and the sentences after which it has paid."""
     compiled, eager = result.variants[name], result.variants[name.removesuffix("_compiled")]
-    warmup = compiled["first_call_seconds"] - compiled["seconds"]
+    warmup = max(0.0, compiled["first_call_seconds"] - compiled["seconds"])  # noise can make it negative
     saved_per_sentence = (eager["seconds"] - compiled["seconds"]) / sentences_per_call
     compiled["compile_warmup_seconds"] = warmup
     compiled["break_even_sentences"] = warmup / saved_per_sentence if saved_per_sentence > 0 else None
@@ -506,8 +556,9 @@ def markdown_table(results: dict) -> str:
         f"{options['generation_batch']} x {options['new_tokens']} tokens; medians of {options['repeats']} repeats "
         "taken in turns. Ratios: speed / Marian eager's (memory: lower is better).",
         "",
-        "| size | case | ours | ours compiled | Marian | Marian compiled | compile warm-up, break-even |",
-        "|---|---|---|---|---|---|---|",
+        "| size | case | ours | ours compiled | Marian | Marian compiled | compile warm-up, break-even | "
+        "matrix products alone (ceiling) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for size, figures in results["sizes"].items():
         for case, variants in figures["cases"].items():
@@ -516,7 +567,7 @@ def markdown_table(results: dict) -> str:
                 mib = {name: v["bytes"] / 2**20 for name, v in variants.items()}
                 lines.append(
                     f"| {size} | {case} (MiB) | {mib['ours']:,.1f} (**{ratios['ours']:.2f}x**) | | "
-                    f"{mib['marian']:,.1f} | | |"
+                    f"{mib['marian']:,.1f} | | | |"
                 )
                 continue
             cells = []
@@ -533,5 +584,9 @@ def markdown_table(results: dict) -> str:
                 warmup = f"{compiled['compile_warmup_seconds']:.0f} s, " + (
                     f"{even:,.0f} sentences" if even else "never"
                 )
-            lines.append(f"| {size} | {case} | " + " | ".join(cells) + f" | {warmup} |")
+            ceiling = ""
+            if "matrix_products" in variants:
+                speed = variants["matrix_products"]["tokens_per_second"]
+                ceiling = f"{speed:,.0f} (**{ratios['matrix_products']:.2f}x**)"
+            lines.append(f"| {size} | {case} | " + " | ".join(cells) + f" | {warmup} | {ceiling} |")
     return "\n".join(lines)

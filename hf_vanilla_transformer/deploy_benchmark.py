@@ -5,7 +5,8 @@ CTranslate2 float32 and int8 (exports written here) — it translates the test s
 `batch_size` sentences sorted by length and reports sentences/s, target tokens/s and sacreBLEU/chrF, then the peak
 resident memory of each engine in a fresh process; ratios divide by ours eager. Engines run one after the other
 (each is timed over the whole split), so nothing else may run on the machine meanwhile.
-CTranslate2 runs at its export's default alpha (the model's, carried over to CTranslate2's rule: `ctranslate2_alpha`)
+CTranslate2 runs once as it comes (one worker with every thread) and then as `CTranslate2Translator` runs it (one
+worker per thread: batches in parallel, the same translations), at its export's default alpha (the model's, carried over to CTranslate2's rule: `ctranslate2_alpha`)
 and at several other alphas (`alphas`), as its beam search divides by length^alpha where ours uses GNMT's
 ((5 + length) / 6)^alpha.
 """
@@ -111,7 +112,9 @@ def markdown_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _engine_memory(engine: str, folder: str | None, model_dir: str, sources: list[str], options) -> int:
+def _engine_memory(
+    engine: str, folder: str | None, model_dir: str, sources: list[str], options, workers: int | None = None
+) -> int:
     """Peak RSS of a fresh process that loads `engine` and translates `sources` (None: loads nothing but the
     package and the tokenizer, the baseline every engine process pays too)."""
     if options.threads:
@@ -129,7 +132,8 @@ def _engine_memory(engine: str, folder: str | None, model_dir: str, sources: lis
             num_beams=options.num_beams,
         )
     elif engine in ("ctranslate2", "onnxruntime"):
-        exported = load_export("onnx" if engine == "onnxruntime" else engine, folder, threads=torch.get_num_threads())
+        kind = "onnx" if engine == "onnxruntime" else engine
+        exported = load_export(kind, folder, threads=torch.get_num_threads(), workers=workers)
         exported.translate(sources, num_beams=options.num_beams, max_batch_size=options.batch_size)
     else:
         from transformers import AutoTokenizer
@@ -138,9 +142,11 @@ def _engine_memory(engine: str, folder: str | None, model_dir: str, sources: lis
     return peak_rss_bytes()
 
 
-def engine_memory(engine: str, folder: str | None, model_dir: str, sources: list[str], options) -> int:
+def engine_memory(
+    engine: str, folder: str | None, model_dir: str, sources: list[str], options, workers: int | None = None
+) -> int:
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_engine_memory, (engine, folder, model_dir, sources, options))
+        return pool.apply(_engine_memory, (engine, folder, model_dir, sources, options, workers))
 
 
 def _time(engine: str, run, references: list[str], tokenizer) -> dict:
@@ -227,9 +233,19 @@ def run_deploy_benchmark(options: DeployBenchmarkConfig) -> dict:
 
             engines[name] = _time(name, run, references, tokenizer)
             del engine
-        # 3. CTranslate2 at the model's α carried over to its own length penalty (the export's default), then at
-        #    the alphas asked for.
+        # 3. CTranslate2 as it comes (one worker with every thread), then as this package runs it (one worker per
+        #    thread, batches in parallel) at the model's α carried over to its own length penalty (the export's
+        #    default) and at the alphas asked for.
         for quantization in ("float32", "int8"):
+            engine = CTranslate2Translator(exports[f"ctranslate2_{quantization}"], threads=threads, workers=1)
+
+            def run(engine=engine):
+                return engine.translate(sources, num_beams=options.num_beams, max_batch_size=options.batch_size)
+
+            engines[f"ctranslate2_{quantization}_one_worker"] = _time(
+                f"ctranslate2_{quantization}, 1 worker x {threads} threads", run, references, tokenizer
+            )
+            del engine
             engine = CTranslate2Translator(exports[f"ctranslate2_{quantization}"], threads=threads)
             results["ctranslate2_default_alpha"] = engine.defaults["length_penalty"]
             for index, alpha in enumerate([engine.defaults["length_penalty"], *options.alphas]):
@@ -251,6 +267,9 @@ def run_deploy_benchmark(options: DeployBenchmarkConfig) -> dict:
         for name, exported in exports.items():
             kind = name.split("_")[0]
             memory[name] = engine_memory(kind, str(exported), options.model_dir, sample, options) - baseline
+            if kind == "ctranslate2":
+                one = engine_memory(kind, str(exported), options.model_dir, sample, options, workers=1)
+                memory[f"{name}_one_worker"] = one - baseline
     results["peak_rss_above_baseline_bytes"] = {"baseline": baseline, **memory}
     results["memory_ratios"] = {name: value / memory["ours_eager"] for name, value in memory.items()}
     print("peak RSS above baseline (MiB): " + ", ".join(f"{n} {v / 2**20:.0f}" for n, v in memory.items()), flush=True)

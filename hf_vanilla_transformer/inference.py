@@ -16,7 +16,7 @@ ENGINES = ("torch", "ctranslate2", "onnx")
 
 
 def add_engine_argument(parser) -> None:
-    """The `--engine` option of the scripts that translate (translate.py, score.py)."""
+    """The `--engine` and `--workers` options of the scripts that translate (translate.py, score.py)."""
     parser.add_argument(
         "--engine",
         choices=ENGINES,
@@ -24,16 +24,25 @@ def add_engine_argument(parser) -> None:
         help="torch: this package's generate(); ctranslate2 or onnx (ONNX Runtime): a folder written by "
         "scripts/export.py --to ctranslate2 / onnx",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="ctranslate2: batches translated at once, sharing the threads (default: one per thread on a CPU)",
+    )
 
 
-def load_export(engine: str, folder: str | Path, device: str = "cpu", threads: int | None = None):
+def load_export(
+    engine: str, folder: str | Path, device: str = "cpu", threads: int | None = None, workers: int | None = None
+):
     """The translator of a folder written by `scripts/export.py`: a `CTranslate2Translator` or an `OnnxTranslator`,
-    both with `translate(sentences, num_beams=...)`. `threads` None: CTranslate2's default, ONNX Runtime as many as
-    PyTorch uses."""
+    both with `translate(sentences, num_beams=...)`. `threads` None: as many as PyTorch uses. `workers`
+    (CTranslate2 only): batches translated at once; None: one per thread on a CPU."""
+    if workers is not None and engine != "ctranslate2":
+        raise ValueError(f"workers={workers!r} applies to the ctranslate2 engine only, not to {engine!r}.")
     if engine == "ctranslate2":
         from .export import CTranslate2Translator
 
-        return CTranslate2Translator(folder, device=device, threads=threads or 0)
+        return CTranslate2Translator(folder, device=device, threads=threads or 0, workers=workers)
     if engine == "onnx":
         from .export_onnx import OnnxTranslator
 

@@ -53,7 +53,7 @@ def main() -> None:
         if args.engine == "torch":
             model, tokenizer = load_translator(args.model, args.device)
         else:
-            engine = load_export(args.engine, args.model, args.device)
+            engine = load_export(args.engine, args.model, args.device, workers=args.workers)
     except (OSError, ValueError, CorpusError) as error:
         raise SystemExit(f"score.py: {error}") from None
 

@@ -56,7 +56,7 @@ def main() -> None:
         if args.engine == "torch":
             model, tokenizer = load_translator(args.model, args.device)
         else:
-            engine = load_export(args.engine, args.model, args.device)
+            engine = load_export(args.engine, args.model, args.device, workers=args.workers)
     except (OSError, ValueError) as error:
         raise SystemExit(f"translate.py: {error}") from None
     lines = [line.rstrip("\n") for line in io.StringIO(text, newline=None)]  # one sentence per line, as `open`

@@ -9,7 +9,14 @@ import json
 import pytest
 import torch
 
-from hf_vanilla_transformer.benchmark import BenchmarkConfig, build_models, training_batch
+from hf_vanilla_transformer.benchmark import (
+    BenchmarkConfig,
+    build_models,
+    generation_inputs,
+    make_generate,
+    make_matrix_products,
+    training_batch,
+)
 
 from conftest import run_script
 
@@ -58,9 +65,39 @@ def test_benchmark_reports_every_case_and_ratio(tmp_path):
     figures = json.loads(output.read_text())["sizes"]["toy"]
     assert set(figures["ratios"]) == {"train_labels", "train_logits", "greedy", "beam4", "peak_memory"}
     for case in ("train_labels", "greedy", "beam4"):
-        assert set(figures["ratios"][case]) == {"ours", "ours_compiled", "marian_compiled"}
+        floor = {"matrix_products"} if case != "train_labels" else set()
+        assert set(figures["ratios"][case]) == {"ours", "ours_compiled", "marian_compiled"} | floor
     assert set(figures["ratios"]["train_logits"]) == {"ours"}
     assert all(value > 0 for ratios in figures["ratios"].values() for value in ratios.values())
     assert 0 < figures["cases"]["train_labels"]["ours"]["mfu"] < 1
     assert figures["cases"]["beam4"]["ours_compiled"]["compile_warmup_seconds"] > 0
     assert "| toy | train_labels |" in result.stdout
+
+
+class LinearShapes(torch.overrides.TorchFunctionMode):
+    """Records (rows, out_features, in_features) of every `F.linear` call made while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.nn.functional.linear:
+            weight = args[1] if len(args) > 1 else kwargs["weight"]
+            self.calls.append((args[0].numel() // args[0].shape[-1], *weight.shape))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_matrix_products_floor_runs_exactly_the_products_of_generate(beams):
+    """The benchmark's `matrix_products` ceiling is only meaningful if it computes what generate() computes: the
+    same matrix products, on the same number of rows, with the same weights, and nothing else."""
+    options = BenchmarkConfig(sizes=("toy",), vocab_size=99, dropout=0.0, new_tokens=5, generation_batch=3)
+    ours = build_models("toy", options)["ours"].eval()
+    inputs = generation_inputs(options)
+    with LinearShapes() as in_generate:
+        make_generate(ours, inputs, beams, False, options)()
+    with LinearShapes() as in_floor:
+        make_matrix_products(ours, inputs, beams, options)()
+    assert len(in_generate.calls) > 5 * ours.config.decoder_layers * 8  # not a vacuous comparison
+    assert sorted(in_floor.calls) == sorted(in_generate.calls)

@@ -19,6 +19,7 @@ from tokenizers import processors
 
 from hf_vanilla_transformer.export import EXPORT_INFO, CTranslate2Translator, export_ctranslate2
 from hf_vanilla_transformer.export_onnx import ONNX_INFO, OnnxTranslator, cache_names, export_onnx, recorded_decoding
+from hf_vanilla_transformer.inference import load_export
 
 from conftest import reversal_task, run_script, tiny_model, train_on_reversal
 
@@ -103,6 +104,23 @@ def test_int8_loads_and_translates(trained, tmp_path):
     engine = CTranslate2Translator(export_ctranslate2(folder, tmp_path / "int8", quantization="int8"))
     outputs = engine.translate(["w4 w5 w6", "", "w1 w2 w3 w4"])
     assert outputs[1] == "" and outputs[0] and outputs[2]
+
+
+def test_workers_translate_batches_in_parallel_with_the_same_translations(trained):
+    """One worker per thread (the default on a CPU) gives the translations of one worker with every thread, in
+    input order, over several batches; a bad number of workers, or workers for an engine without them, is named."""
+    _, exported, _, _ = trained
+    sentences = [" ".join(f"w{1 + (i * 7 + j) % 9}" for j in range(2 + i % 5)) for i in range(24)] + [""]
+    one = CTranslate2Translator(exported, threads=2, workers=1)
+    two = CTranslate2Translator(exported, threads=2)
+    assert (two.workers, two.threads_per_worker) == (2, 1) and (one.workers, one.threads_per_worker) == (1, 2)
+    expected = one.translate(sentences, max_batch_size=4)
+    assert two.translate(sentences, max_batch_size=4) == expected
+    assert expected[-1] == "" and all(expected[:-1])
+    with pytest.raises(ValueError, match="workers=0 is invalid"):
+        CTranslate2Translator(exported, workers=0)
+    with pytest.raises(ValueError, match="ctranslate2 engine only"):
+        load_export("onnx", exported, workers=2)
 
 
 def test_the_translate_script_runs_the_export_keeping_order_and_empty_lines(trained):
@@ -386,14 +404,18 @@ def test_deploy_benchmark_runs_every_engine_and_the_exact_ones_agree(trained, tm
     results = json.loads(out.read_text())
     engines = results["engines"]
     expected = {"ours_eager", "ours_compiled", "onnxruntime_float32", "onnxruntime_int8"}
-    expected |= {f"ctranslate2_{q}{a}" for q in ("float32", "int8") for a in ("", "_alpha0.6", "_alpha1.5")}
+    expected |= {
+        f"ctranslate2_{q}{a}" for q in ("float32", "int8") for a in ("", "_alpha0.6", "_alpha1.5", "_one_worker")
+    }
     assert set(engines) == expected and results["pairs"] == len(sources)
     assert engines["ours_eager"]["bleu"] > 50
     for name in ("ours_compiled", "onnxruntime_float32"):
         assert engines[name]["bleu"] == engines["ours_eager"]["bleu"], name
+    for name in ("ctranslate2_float32", "ctranslate2_int8"):  # workers change the speed, not the translations
+        assert engines[f"{name}_one_worker"]["bleu"] == engines[name]["bleu"], name
     memory = results["peak_rss_above_baseline_bytes"]
     assert set(memory) == {"baseline", "ours_eager", "onnxruntime_float32", "onnxruntime_int8"} | {
-        f"ctranslate2_{q}" for q in ("float32", "int8")
+        f"ctranslate2_{q}{w}" for q in ("float32", "int8") for w in ("", "_one_worker")
     }
     assert all(value > 0 for value in memory.values())
     assert results["machine"] in result.stdout and "| ctranslate2_int8_alpha1.5 |" in result.stdout
