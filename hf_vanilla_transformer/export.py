@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -208,13 +209,15 @@ Converted by `hf_vanilla_transformer` (`scripts/export.py --to ctranslate2`, qua
 Sources of at most {info["max_source_tokens"]} tokens (the position table has {info["max_positions"]} rows).
 
 ```python
+import os
+
 import ctranslate2
 from transformers import AutoTokenizer
 
 tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")
 # One worker per core, one thread each: batches translate in parallel (on 2 cores, 2.5x the sentences/s of one
 # worker with 2 threads for a list of sentences; the same translations).
-translator = ctranslate2.Translator("THIS_FOLDER", device="cpu", inter_threads=2, intra_threads=1)
+translator = ctranslate2.Translator("THIS_FOLDER", device="cpu", inter_threads=os.cpu_count() or 1, intra_threads=1)
 sources = [tokenizer.tokenize(s) for s in ["Choose Format - Cells."]]  # </s> is appended by CTranslate2
 results = translator.translate_batch(
     sources, beam_size={decoding["num_beams"]}, length_penalty={decoding["length_penalty"]}, max_decoding_length=256
@@ -231,16 +234,23 @@ Or with the package: `python scripts/translate.py THIS_FOLDER --engine ctranslat
 """
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 class CTranslate2Translator:
     """A CTranslate2 folder written by `export_ctranslate2`, translating lists of sentences like `translate()`."""
 
     def __init__(self, folder: str | Path, device: str = "cpu", threads: int = 0, workers: int | None = None):
-        """`threads`: CPU threads in all (0: as many as PyTorch uses). `workers`: batches translated at once, each
+        """`threads`: CPU threads in all (0: one per core this process may run on). `workers`: batches translated at once, each
         with `threads // workers` threads; None: on a CPU one worker per thread (the fastest for a list of
         sentences: on 2 cores, 2 workers of 1 thread translated 2.5x the sentences per second of 1 worker of 2
         threads, docs/deploy.md), on a GPU one."""
         import ctranslate2
-        import torch
         from transformers import AutoTokenizer
 
         folder = Path(folder)
@@ -249,7 +259,7 @@ class CTranslate2Translator:
             raise FileNotFoundError(f"{folder} holds no {EXPORT_INFO}; expected a folder written by scripts/export.py.")
         self.info = json.loads(info_file.read_text(encoding="utf-8"))
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        threads = threads or torch.get_num_threads()
+        threads = threads or available_cores()
         if workers is None:
             workers = threads if device == "cpu" else 1
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
