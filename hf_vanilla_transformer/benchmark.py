@@ -22,8 +22,9 @@ Cases, for each model size:
                  `break_even_sentences` the sentences after which compiling has paid for itself.
                  `matrix_products` runs only the matrix products of the same generate() call (encoder, cross-attention
                  keys and values once; then per token each decoder layer's projections and FFN and the output
-                 layer), with the same weights, back to back: its ratio is the ceiling of any implementation that
-                 computes these products with this machine's kernels, however little else it does.
+                 layer), with the same weights, back to back: its time is a floor, and its speed ratio a ceiling, for
+                 any implementation that computes these products as one stream of batches over all threads with
+                 this machine's kernels, however little else it does.
 * peak_memory:   the memory a train_labels step adds (CPU: the profiler's memory timeline in a fresh process; GPU:
                  peak allocated).
 
@@ -582,7 +583,7 @@ def markdown_table(results: dict) -> str:
             if "compile_warmup_seconds" in compiled:
                 even = compiled["break_even_sentences"]
                 warmup = f"{compiled['compile_warmup_seconds']:.0f} s, " + (
-                    f"{even:,.0f} sentences" if even else "never"
+                    "never" if even is None else f"{even:,.0f} sentences" if even > 0 else "at once"
                 )
             ceiling = ""
             if "matrix_products" in variants:

@@ -35,7 +35,8 @@ def load_export(
     engine: str, folder: str | Path, device: str = "cpu", threads: int | None = None, workers: int | None = None
 ):
     """The translator of a folder written by `scripts/export.py`: a `CTranslate2Translator` or an `OnnxTranslator`,
-    both with `translate(sentences, num_beams=...)`. `threads` None: as many as PyTorch uses. `workers`
+    both with `translate(sentences, num_beams=...)`. `threads` None: CTranslate2 one per core this process may run
+    on, ONNX Runtime as many as PyTorch uses. `workers`
     (CTranslate2 only): batches translated at once; None: one per thread on a CPU."""
     if workers is not None and engine != "ctranslate2":
         raise ValueError(f"workers={workers!r} applies to the ctranslate2 engine only, not to {engine!r}.")

@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("--output", help="write the translations here, one per line")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
+    if args.workers is not None and args.engine != "ctranslate2":
+        parser.error(f"--workers applies to --engine ctranslate2 only, not to {args.engine}")
 
     # 1. The pairs and the model; any problem with either is one line on standard error.
     try:

@@ -47,6 +47,8 @@ def main() -> None:
         "it to pay (auto; same tokens either way)",
     )
     args = parser.parse_args()
+    if args.workers is not None and args.engine != "ctranslate2":
+        parser.error(f"--workers applies to --engine ctranslate2 only, not to {args.engine}")
 
     # 1. Read the input and the model; any problem with either is one line on standard error.
     try:

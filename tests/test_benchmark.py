@@ -75,7 +75,7 @@ def test_benchmark_reports_every_case_and_ratio(tmp_path):
 
 
 class LinearShapes(torch.overrides.TorchFunctionMode):
-    """Records (rows, out_features, in_features) of every `F.linear` call made while it is active."""
+    """Records (rows, out_features, in_features, the weight's storage) of every `F.linear` call made while it is active."""
 
     def __init__(self):
         super().__init__()
@@ -84,7 +84,7 @@ class LinearShapes(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is torch.nn.functional.linear:
             weight = args[1] if len(args) > 1 else kwargs["weight"]
-            self.calls.append((args[0].numel() // args[0].shape[-1], *weight.shape))
+            self.calls.append((args[0].numel() // args[0].shape[-1], *weight.shape, weight.data_ptr()))
         return func(*args, **(kwargs or {}))
 
 
