@@ -6,8 +6,8 @@ CTranslate2 float32 and int8 (exports written here) — it translates the test s
 resident memory of each engine in a fresh process; ratios divide by ours eager. Engines run one after the other
 (each is timed over the whole split), so nothing else may run on the machine meanwhile.
 CTranslate2 runs once as it comes (one worker with every thread) and then as `CTranslate2Translator` runs it (one
-worker per thread: batches in parallel, the same translations), at its export's default alpha (the model's, carried over to CTranslate2's rule: `ctranslate2_alpha`)
-and at several other alphas (`alphas`), as its beam search divides by length^alpha where ours uses GNMT's
+worker per thread: batches in parallel, the same translations), at its export's default alpha (the model's, carried
+over to CTranslate2's rule: `ctranslate2_alpha`) and at several other alphas (`alphas`), as its beam search divides by length^alpha where ours uses GNMT's
 ((5 + length) / 6)^alpha.
 """
 
@@ -132,8 +132,7 @@ def _engine_memory(
             num_beams=options.num_beams,
         )
     elif engine in ("ctranslate2", "onnxruntime"):
-        kind = "onnx" if engine == "onnxruntime" else engine
-        exported = load_export(kind, folder, threads=torch.get_num_threads(), workers=workers)
+        exported = load_export("onnx" if engine == "onnxruntime" else engine, folder, workers=workers)
         exported.translate(sources, num_beams=options.num_beams, max_batch_size=options.batch_size)
     else:
         from transformers import AutoTokenizer
@@ -223,40 +222,33 @@ def run_deploy_benchmark(options: DeployBenchmarkConfig) -> dict:
             exports[f"ctranslate2_{quantization}"] = export_ctranslate2(
                 options.model_dir, Path(folder) / f"ct2-{quantization}", quantization=quantization
             )
+
+        def time_engine(name: str, engine, label: str | None = None, **decoding) -> None:
+            """Time `engine` over the split with the benchmark's beams and batches (and `decoding`) as `name`."""
+
+            def run():
+                return engine.translate(
+                    sources, num_beams=options.num_beams, max_batch_size=options.batch_size, **decoding
+                )
+
+            engines[name] = _time(label or name, run, references, tokenizer)
+
         # 2. ONNX Runtime: the same search as generate() (GNMT's length penalty), so one alpha.
         for quantization in ("float32", "int8"):
             name = f"onnxruntime_{quantization}"
-            engine = OnnxTranslator(exports[name], threads=threads)
-
-            def run(engine=engine):
-                return engine.translate(sources, num_beams=options.num_beams, max_batch_size=options.batch_size)
-
-            engines[name] = _time(name, run, references, tokenizer)
-            del engine
+            time_engine(name, OnnxTranslator(exports[name], threads=threads))
         # 3. CTranslate2 as it comes (one worker with every thread), then as this package runs it (one worker per
         #    thread, batches in parallel) at the model's α carried over to its own length penalty (the export's
         #    default) and at the alphas asked for.
         for quantization in ("float32", "int8"):
-            engine = CTranslate2Translator(exports[f"ctranslate2_{quantization}"], threads=threads, workers=1)
-
-            def run(engine=engine):
-                return engine.translate(sources, num_beams=options.num_beams, max_batch_size=options.batch_size)
-
-            engines[f"ctranslate2_{quantization}_one_worker"] = _time(
-                f"ctranslate2_{quantization}, 1 worker x {threads} threads", run, references, tokenizer
-            )
-            del engine
-            engine = CTranslate2Translator(exports[f"ctranslate2_{quantization}"], threads=threads)
+            name = f"ctranslate2_{quantization}"
+            one_worker = CTranslate2Translator(exports[name], threads=threads, workers=1)
+            time_engine(f"{name}_one_worker", one_worker, f"{name}, 1 worker x {threads} threads")
+            del one_worker
+            engine = CTranslate2Translator(exports[name], threads=threads)
             results["ctranslate2_default_alpha"] = engine.defaults["length_penalty"]
             for index, alpha in enumerate([engine.defaults["length_penalty"], *options.alphas]):
-                name = f"ctranslate2_{quantization}" + (f"_alpha{alpha}" if index else "")
-
-                def run(engine=engine, alpha=alpha):
-                    return engine.translate(
-                        sources, num_beams=options.num_beams, length_penalty=alpha, max_batch_size=options.batch_size
-                    )
-
-                engines[name] = _time(name, run, references, tokenizer)
+                time_engine(name + (f"_alpha{alpha}" if index else ""), engine, length_penalty=alpha)
             del engine
             gc.collect()
         # 4. Memory: each engine in a fresh process over the first 256 sentences, less what a process that loads

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 
@@ -234,22 +233,14 @@ Or with the package: `python scripts/translate.py THIS_FOLDER --engine ctranslat
 """
 
 
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity where the system tells it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 class CTranslate2Translator:
     """A CTranslate2 folder written by `export_ctranslate2`, translating lists of sentences like `translate()`."""
 
     def __init__(self, folder: str | Path, device: str = "cpu", threads: int = 0, workers: int | None = None):
-        """`threads`: CPU threads in all (0: one per core this process may run on). `workers`: batches translated at once, each
-        with `threads // workers` threads; None: on a CPU one worker per thread (the fastest for a list of
-        sentences: on 2 cores, 2 workers of 1 thread translated 1.9-2.5x the sentences per second of 1 worker of 2
-        threads, docs/deploy.md), on a GPU one."""
+        """`threads`: CPU threads in all (0: as many as PyTorch uses). `workers`: batches translated at once, each
+        with `threads // workers` threads; None: on a CPU one worker per thread (the fastest for a list of sentences:
+        on 2 cores, 2 workers of 1 thread translated 1.9-2.5x the sentences per second of 1 worker of 2 threads,
+        docs/deploy.md), on a GPU one."""
         import ctranslate2
         from transformers import AutoTokenizer
 
@@ -259,7 +250,7 @@ class CTranslate2Translator:
             raise FileNotFoundError(f"{folder} holds no {EXPORT_INFO}; expected a folder written by scripts/export.py.")
         self.info = json.loads(info_file.read_text(encoding="utf-8"))
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
-        threads = threads or available_cores()
+        threads = threads or torch.get_num_threads()
         if workers is None:
             workers = threads if device == "cpu" else 1
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1 or workers > threads:
@@ -267,7 +258,7 @@ class CTranslate2Translator:
                 f"workers={workers!r} is invalid; expected an integer from 1 to threads={threads} (batches translated "
                 "at once, each with at least one thread)."
             )
-        self.workers, self.threads_per_worker = workers, max(1, threads // workers)
+        self.workers, self.threads_per_worker = workers, threads // workers
         self.translator = ctranslate2.Translator(
             str(folder), device=device, inter_threads=workers, intra_threads=self.threads_per_worker
         )
@@ -309,7 +300,7 @@ class CTranslate2Translator:
             return outputs
         sources = self.tokens([sentences[i] for i in texts])
         # Fewer sentences than workers x max_batch_size: smaller batches, so that every worker has one.
-        max_batch_size = min(max_batch_size, -(-len(sources) // self.workers))
+        max_batch_size = min(max_batch_size, math.ceil(len(sources) / self.workers))
         results = self.translator.translate_batch(
             sources,
             beam_size=num_beams,

@@ -15,8 +15,8 @@ Batch, source and past lengths are dynamic. The search around the step (`OnnxTra
 beam search step for step, with the model's decoding rules (§6.1 by default: GNMT's length penalty, at most source
 length + 50 tokens, a sentence done once it has `num_beams` finished hypotheses; transformers' `|Y|^alpha` penalty
 and `early_stopping=False` or `"never"` where the model's generation config says so), and greedy search as one
-beam. transformers' own `transformers.exporters` captures the forward calls of `generate()`, whose encoder runs outside `forward`, and leaves
-the search to PyTorch; these two graphs need neither.
+beam. transformers' own `transformers.exporters` captures the forward calls of `generate()`, whose encoder runs
+outside `forward`, and leaves the search to PyTorch; these two graphs need neither.
 
 `onnx`, `onnxscript` (export) and `onnxruntime` (translation) are optional (`pip install
 hf_vanilla_transformer[deploy]`), imported when used.

@@ -31,23 +31,29 @@ def add_engine_argument(parser) -> None:
     )
 
 
+def check_engine_arguments(parser, args) -> None:
+    """End the script with a usage error (exit 2) where `--workers` comes with an engine that has none."""
+    if args.workers is not None and args.engine != "ctranslate2":
+        parser.error(f"--workers applies to --engine ctranslate2 only, not to {args.engine}")
+
+
 def load_export(
     engine: str, folder: str | Path, device: str = "cpu", threads: int | None = None, workers: int | None = None
 ):
     """The translator of a folder written by `scripts/export.py`: a `CTranslate2Translator` or an `OnnxTranslator`,
-    both with `translate(sentences, num_beams=...)`. `threads` None: CTranslate2 one per core this process may run
-    on, ONNX Runtime as many as PyTorch uses. `workers`
-    (CTranslate2 only): batches translated at once; None: one per thread on a CPU."""
+    both with `translate(sentences, num_beams=...)`. `threads` None: as many as PyTorch uses. `workers` (CTranslate2
+    only): batches translated at once; None: one per thread on a CPU."""
     if workers is not None and engine != "ctranslate2":
         raise ValueError(f"workers={workers!r} applies to the ctranslate2 engine only, not to {engine!r}.")
+    threads = threads or torch.get_num_threads()
     if engine == "ctranslate2":
         from .export import CTranslate2Translator
 
-        return CTranslate2Translator(folder, device=device, threads=threads or 0, workers=workers)
+        return CTranslate2Translator(folder, device=device, threads=threads, workers=workers)
     if engine == "onnx":
         from .export_onnx import OnnxTranslator
 
-        return OnnxTranslator(folder, threads=threads or torch.get_num_threads())
+        return OnnxTranslator(folder, threads=threads)
     raise ValueError(f"engine={engine!r} has no export; expected 'ctranslate2' or 'onnx'.")
 
 

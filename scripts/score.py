@@ -19,7 +19,13 @@ from pathlib import Path
 import torch
 
 from hf_vanilla_transformer.data import CorpusError, load_corpus
-from hf_vanilla_transformer.inference import add_engine_argument, evaluate_translations, load_export, load_translator
+from hf_vanilla_transformer.inference import (
+    add_engine_argument,
+    check_engine_arguments,
+    evaluate_translations,
+    load_export,
+    load_translator,
+)
 from hf_vanilla_transformer.metrics import compute_bleu
 
 
@@ -37,8 +43,7 @@ def main() -> None:
     parser.add_argument("--output", help="write the translations here, one per line")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    if args.workers is not None and args.engine != "ctranslate2":
-        parser.error(f"--workers applies to --engine ctranslate2 only, not to {args.engine}")
+    check_engine_arguments(parser, args)
 
     # 1. The pairs and the model; any problem with either is one line on standard error.
     try:

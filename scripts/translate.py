@@ -24,6 +24,7 @@ from hf_vanilla_transformer.data import decode_text, read_text
 from hf_vanilla_transformer.inference import (
     COMPILE_CHOICES,
     add_engine_argument,
+    check_engine_arguments,
     load_export,
     load_translator,
     translate,
@@ -47,8 +48,7 @@ def main() -> None:
         "it to pay (auto; same tokens either way)",
     )
     args = parser.parse_args()
-    if args.workers is not None and args.engine != "ctranslate2":
-        parser.error(f"--workers applies to --engine ctranslate2 only, not to {args.engine}")
+    check_engine_arguments(parser, args)
 
     # 1. Read the input and the model; any problem with either is one line on standard error.
     try:

@@ -123,7 +123,7 @@ def test_workers_translate_batches_in_parallel_with_the_same_translations(traine
         CTranslate2Translator(exported, threads=2, workers=3)
     with pytest.raises(ValueError, match="ctranslate2 engine only"):
         load_export("onnx", exported, workers=2)
-    # Three sentences for two workers: batches of two and one, the same translations.
+    # Three sentences for two workers (split into smaller batches so that both have one): the same translations.
     assert two.translate(sentences[:3]) == expected[:3]
     result = run_script("translate.py", exported, "--workers", "2", input="w1 w2\n")  # --engine torch
     assert result.returncode == 2 and "--workers applies to --engine ctranslate2 only" in result.stderr
