@@ -7,10 +7,14 @@ Importing the package registers the model with the Auto classes (`AutoConfig`, `
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
-from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
-from .decoding_vanilla_transformer import RelativeMaxLengthCriteria, default_generation_config, gnmt_length_penalty
-from .loss_vanilla_transformer import label_smoothed_loss
-from .modeling_vanilla_transformer import (
+from .model.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from .model.decoding_vanilla_transformer import (
+    RelativeMaxLengthCriteria,
+    default_generation_config,
+    gnmt_length_penalty,
+)
+from .model.loss_vanilla_transformer import label_smoothed_loss
+from .model.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
     VanillaTransformerPreTrainedModel,
@@ -34,7 +38,7 @@ def _register_translation_pipeline() -> None:
     """`pipeline("translation", model=...)`: transformers 5 removed the task; this package brings it back."""
     from transformers.pipelines import PIPELINE_REGISTRY, REMOVED_TASKS
 
-    from .pipeline_vanilla_transformer import VanillaTranslationPipeline
+    from .model.pipeline_vanilla_transformer import VanillaTranslationPipeline
 
     REMOVED_TASKS.pop("translation", None)
     if PIPELINE_REGISTRY.supported_tasks.get("translation", {}).get("impl") is not VanillaTranslationPipeline:

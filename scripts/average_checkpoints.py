@@ -12,7 +12,7 @@ Usage:
 import argparse
 import json
 
-from hf_vanilla_transformer.averaging import (
+from hf_vanilla_transformer.training.averaging import (
     AVERAGE_WINDOW,
     average_checkpoints,
     average_last_checkpoints,

@@ -5,7 +5,7 @@ Usage:
     python scripts/benchmark.py --sizes base --json docs/benchmark_cpu_base_fp32.json
     python scripts/benchmark.py --device cuda --dtype bf16 --attn flash_attention_2 --sizes base big
 
-What each case measures, and how: `hf_vanilla_transformer/benchmark.py` (every flag is a field of its
+What each case measures, and how: `hf_vanilla_transformer/benchmarks/speed.py` (every flag is a field of its
 `BenchmarkConfig`). Time nothing else on the machine while it runs.
 """
 
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
-from hf_vanilla_transformer.benchmark import BenchmarkConfig, markdown_table, run_benchmark
+from hf_vanilla_transformer.benchmarks.config import BenchmarkConfig
+from hf_vanilla_transformer.benchmarks.speed import run_benchmark, speed_table
 
 
 @dataclass
@@ -31,7 +32,7 @@ def main() -> None:
     if script.quick:
         options.repeats = 5
     results = run_benchmark(options)
-    print("\n" + markdown_table(results))
+    print("\n" + speed_table(results))
     if script.json:
         Path(script.json).parent.mkdir(parents=True, exist_ok=True)
         Path(script.json).write_text(json.dumps(results, indent=2) + "\n")

@@ -4,7 +4,7 @@ compiled) against its ONNX Runtime and CTranslate2 exports (float32 and int8), s
 Usage:
     python scripts/deploy_benchmark.py --model_dir outputs/vanilla-transformer-en-de --json deploy.json
 
-What it measures: `hf_vanilla_transformer/deploy_benchmark.py`. Time nothing else on the machine while it runs.
+What it measures: `hf_vanilla_transformer/benchmarks/deploy.py`. Time nothing else on the machine while it runs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
-from hf_vanilla_transformer.deploy_benchmark import DeployBenchmarkConfig, markdown_table, run_deploy_benchmark
+from hf_vanilla_transformer.benchmarks.deploy import DeployBenchmarkConfig, deploy_table, run_deploy_benchmark
 
 
 @dataclass
@@ -26,7 +26,7 @@ class ScriptArguments:
 def main() -> None:
     options, script = HfArgumentParser((DeployBenchmarkConfig, ScriptArguments)).parse_args_into_dataclasses()
     results = run_deploy_benchmark(options)
-    print(markdown_table(results))
+    print(deploy_table(results))
     if script.json:
         Path(script.json).parent.mkdir(parents=True, exist_ok=True)
         Path(script.json).write_text(json.dumps(results, indent=2) + "\n")

@@ -13,8 +13,8 @@ CTranslate2 decodes differently (its beam-search length penalty): `hf_vanilla_tr
 
 import argparse
 
-from hf_vanilla_transformer.export import QUANTIZATIONS, export_ctranslate2
-from hf_vanilla_transformer.export_onnx import ONNX_QUANTIZATIONS, export_onnx
+from hf_vanilla_transformer.deploy.ctranslate2 import QUANTIZATIONS, export_ctranslate2
+from hf_vanilla_transformer.deploy.onnx import ONNX_QUANTIZATIONS, export_onnx
 
 
 def main() -> None:

@@ -11,12 +11,12 @@ updates that fits the budget and says what it chose and why. A restarted run res
 checkpoint and keeps the number of updates it had fixed.
 """
 
-from hf_vanilla_transformer.runtime import use_fast_allocator
+from hf_vanilla_transformer.training.allocator import use_fast_allocator
 
 
 use_fast_allocator()  # re-executes this script once with mimalloc preloaded (see runtime.py)
 
-from hf_vanilla_transformer.cli import train_from_command_line  # noqa: E402
+from hf_vanilla_transformer.training.cli import train_from_command_line  # noqa: E402
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.plots import attention_maps, plot_attention_maps
+from hf_vanilla_transformer.sharing.plots import attention_maps, plot_attention_maps
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ with a message before anything is uploaded.
 import argparse
 import sys
 
-from hf_vanilla_transformer.hub import PublishError, push_model_folder
+from hf_vanilla_transformer.sharing.hub import PublishError, push_model_folder
 
 
 def human(size: int) -> str:

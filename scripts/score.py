@@ -18,15 +18,11 @@ from pathlib import Path
 
 import torch
 
-from hf_vanilla_transformer.data import CorpusError, load_corpus
-from hf_vanilla_transformer.inference import (
-    add_engine_argument,
-    check_engine_arguments,
-    evaluate_translations,
-    load_export,
-    load_translator,
-)
-from hf_vanilla_transformer.metrics import compute_bleu
+from hf_vanilla_transformer.data.corpora import load_corpus
+from hf_vanilla_transformer.data.errors import CorpusError
+from hf_vanilla_transformer.deploy.engines import add_engine_argument, check_engine_arguments, load_export
+from hf_vanilla_transformer.evaluation.metrics import compute_bleu
+from hf_vanilla_transformer.evaluation.translation import evaluate_translations, load_translator
 
 
 def main() -> None:

@@ -17,12 +17,12 @@ data flag the corpus is the LibreOffice help EN-DE. A run restarted with the sam
 newest complete checkpoint.
 """
 
-from hf_vanilla_transformer.runtime import use_fast_allocator
+from hf_vanilla_transformer.training.allocator import use_fast_allocator
 
 
 use_fast_allocator()  # re-executes this script once with mimalloc preloaded (see runtime.py)
 
-from hf_vanilla_transformer.cli import train_from_command_line  # noqa: E402
+from hf_vanilla_transformer.training.cli import train_from_command_line  # noqa: E402
 
 
 if __name__ == "__main__":

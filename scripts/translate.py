@@ -20,15 +20,9 @@ from pathlib import Path
 
 import torch
 
-from hf_vanilla_transformer.data import decode_text, read_text
-from hf_vanilla_transformer.inference import (
-    COMPILE_CHOICES,
-    add_engine_argument,
-    check_engine_arguments,
-    load_export,
-    load_translator,
-    translate,
-)
+from hf_vanilla_transformer.data.corpora import decode_text, read_text
+from hf_vanilla_transformer.deploy.engines import add_engine_argument, check_engine_arguments, load_export
+from hf_vanilla_transformer.evaluation.translation import COMPILE_CHOICES, load_translator, translate
 
 
 def main() -> None:

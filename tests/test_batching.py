@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from accelerate.data_loader import BatchSamplerShard, SkipBatchSampler
 
-from hf_vanilla_transformer.batching import LengthSortedSampler, TokenBudgetBatchSampler, accumulation_steps
+from hf_vanilla_transformer.data.batching import LengthSortedSampler, TokenBudgetBatchSampler, accumulation_steps
 
 
 def lengths(n: int = 500, seed: int = 0) -> tuple[list[int], list[int]]:

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from hf_vanilla_transformer.benchmark import (
-    BenchmarkConfig,
+from hf_vanilla_transformer.benchmarks.config import BenchmarkConfig
+from hf_vanilla_transformer.benchmarks.twins import (
     build_models,
     generation_inputs,
     make_generate,

@@ -17,28 +17,26 @@ import pytest
 import torch
 from transformers import TrainerControl, TrainerState, set_seed
 
-from hf_vanilla_transformer.averaging import choose_checkpoints, validation_losses
-from hf_vanilla_transformer.budget import (
-    BudgetPlan,
-    TimeBudgetCallback,
-    calibration_batches,
-    decode_seconds,
-    measure_updates,
+from hf_vanilla_transformer.training.arguments import (
+    ModelDataArguments,
+    TransformerTrainingArguments,
+    check_schedule_arguments,
     preset_choices,
+)
+from hf_vanilla_transformer.training.averaging import choose_checkpoints, validation_losses
+from hf_vanilla_transformer.training.calibration import calibration_batches, measure_updates
+from hf_vanilla_transformer.training.callbacks import TimeBudgetCallback
+from hf_vanilla_transformer.training.planning import (
+    BudgetPlan,
+    decode_seconds,
     recorded_plan,
     schedule_for,
     spacing_for,
     updates_that_fit,
     warmup_for,
 )
-from hf_vanilla_transformer.recipes import parse_arguments, read_recipe
-from hf_vanilla_transformer.training import (
-    ModelDataArguments,
-    TransformerTrainingArguments,
-    build_model,
-    check_schedule_arguments,
-    prepare_run,
-)
+from hf_vanilla_transformer.training.preparation import build_model, prepare_run
+from hf_vanilla_transformer.training.recipes import parse_arguments, read_recipe
 
 from conftest import FIXTURES, ROOT, random_ids, tiny_model
 
@@ -82,8 +80,7 @@ def test_the_schedule_follows_from_the_number_of_updates():
 
 
 def test_batch_size_choices_are_read_largest_first():
-    from hf_vanilla_transformer.budget import token_choices
-    from hf_vanilla_transformer.training import ModelDataArguments
+    from hf_vanilla_transformer.training.arguments import token_choices
 
     assert token_choices(ModelDataArguments(max_tokens=4096)) == [4096]
     assert token_choices(ModelDataArguments(max_tokens_choices="1024, 2048,1024")) == [2048, 1024]
@@ -243,9 +240,9 @@ def test_a_smaller_preset_is_trained_where_the_recipes_does_not_reach_its_update
     args = TransformerTrainingArguments(
         output_dir=str(tmp_path / "run"), warmup_steps=10, seed=3, use_cpu=True, disable_tqdm=True
     )
-    trainer, tokenizer, _ = prepare_run(recipe, args)
-    plan = trainer.plan
-    assert plan.preset == chosen == recipe.preset
+    run = prepare_run(recipe, args)
+    trainer, tokenizer, plan = run.trainer, run.tokenizer, run.plan
+    assert plan.preset == chosen and recipe.preset == "small"  # the plan chose; the user's arguments stay as given
     assert set(plan.measured) == {"small/fp32/sdpa@1024", "small/fp32/sdpa@512"} | (
         {"tiny/fp32/sdpa@1024", "tiny/fp32/sdpa@512"} if chosen == "tiny" else set()
     )
@@ -338,7 +335,9 @@ def test_a_one_minute_budget_stops_on_its_own_and_leaves_a_complete_folder(tmp_p
     assert plan["max_minutes"] == 1 and plan["precision"] in ("fp32", "bf16") and plan["seconds_per_update"] > 0
     assert results["training"]["steps"] == plan["max_steps"] or plan["stopped_early_at"] is not None
     assert plan["warmup_steps"] == max(1, min(1000, round(0.35 * plan["max_steps"])))
-    assert plan["max_tokens"] in (2048, 1024) and results["recipe"]["max_tokens"] == plan["max_tokens"]
+    # What the user asked for beside what the plan chose: the recipe's 2,048 tokens and choices, the plan's pick.
+    assert plan["max_tokens"] in (2048, 1024) and results["recipe"]["max_tokens"] == 2048
+    assert results["recipe"]["max_tokens_choices"] == "2048,1024" and results["recipe"]["precision"] == "auto"
     assert "Plan: " in result.stdout and "updates fit" in result.stdout
     # Averaged: only checkpoints from the last third of the run.
     steps = [int(name.split("-")[1]) for name in results["averaged_checkpoints"]]

@@ -9,7 +9,7 @@ import torch
 from transformers.generation import CompileConfig
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.inference import COMPILE_PAYS_AFTER_SENTENCES, compile_pays, translate
+from hf_vanilla_transformer.evaluation.translation import COMPILE_PAYS_AFTER_SENTENCES, compile_pays, translate
 
 from conftest import PAD, random_ids, reversal_task, tiny_model, train_on_reversal
 

@@ -10,17 +10,16 @@ from pathlib import Path
 import pytest
 from datasets import Dataset
 
-from hf_vanilla_transformer import data
-from hf_vanilla_transformer.data import (
-    CorpusError,
+from hf_vanilla_transformer.data import corpora, libreoffice
+from hf_vanilla_transformer.data.corpora import read_parallel_file, wmt_to_pairs
+from hf_vanilla_transformer.data.errors import CorpusError
+from hf_vanilla_transformer.data.libreoffice import (
     align_help_trees,
     debian_language,
     file_split,
     parse_help_page,
     read_mo_catalogue,
-    read_parallel_file,
     split_and_deduplicate,
-    wmt_to_pairs,
 )
 
 
@@ -99,7 +98,7 @@ def test_trees_align_by_file_and_id(help_trees):
 
 def test_split_is_by_file_stable_and_held_out(help_trees):
     english_root, german_root, names = help_trees
-    # The rule: CRC-32 of the relative path modulo 100 (documented in data.py); test_fixed_split_assignments pins it.
+    # The rule: CRC-32 of the relative path modulo 100 (documented in data/libreoffice.py); test_fixed_split_assignments pins it.
     splits = {name: file_split(name) for name in names}
     assert set(splits.values()) <= {"train", "validation", "test"}
     corpus = split_and_deduplicate(align_help_trees(english_root, german_root))
@@ -172,7 +171,7 @@ def test_tsv_jsonl_and_aligned_text_files(tmp_path):
     (tmp_path / "s.txt").write_text("a\nb\n")
     (tmp_path / "t.txt").write_text("A\nB\n")
     assert read_parallel_file(tmp_path / "s.txt", tmp_path / "t.txt")["target"] == ["A", "B"]
-    corpus = data.parallel_files_corpus(
+    corpus = corpora.parallel_files_corpus(
         f"{tmp_path / 's.txt'},{tmp_path / 't.txt'}", validation=str(tmp_path / "a.tsv")
     )
     assert set(corpus) == {"train", "validation"}
@@ -210,25 +209,25 @@ def test_wmt14_without_the_hub_says_what_to_use(monkeypatch):
 
     monkeypatch.setattr(datasets, "load_dataset", unreachable)
     with pytest.raises(CorpusError, match="needs network access to the Hub"):
-        data.wmt14_corpus("en", "de")
+        corpora.wmt14_corpus("en", "de")
 
 
 def test_no_apt_says_which_source_to_use_instead(monkeypatch, tmp_path):
-    monkeypatch.setattr(data.shutil, "which", lambda name: None)
+    monkeypatch.setattr(libreoffice.shutil, "which", lambda name: None)
     with pytest.raises(CorpusError, match="apt-get and dpkg-deb are not available.*--data_files"):
-        data.libreoffice_help_corpus("en", "de", cache_dir=tmp_path)
+        libreoffice.libreoffice_help_corpus("en", "de", cache_dir=tmp_path)
 
 
 def test_unknown_package_is_named(tmp_path):
-    if data.shutil.which("apt-get") is None:
+    if libreoffice.shutil.which("apt-get") is None:
         pytest.skip("needs apt-get")
     with pytest.raises(CorpusError, match="libreoffice-help-xx-nonexistent"):
-        data.fetch_debian_package("libreoffice-help-xx-nonexistent", tmp_path)
+        libreoffice.fetch_debian_package("libreoffice-help-xx-nonexistent", tmp_path)
 
 
 def test_unknown_dataset_is_named():
     with pytest.raises(ValueError, match="dataset='europarl'"):
-        data.load_corpus("europarl")
+        corpora.load_corpus("europarl")
 
 
 def test_an_empty_corpus_says_so(help_trees, tmp_path):
@@ -237,15 +236,15 @@ def test_an_empty_corpus_says_so(help_trees, tmp_path):
     empty.mkdir()
     corpus = split_and_deduplicate(align_help_trees(english_root, empty))
     with pytest.raises(CorpusError, match="no pairs"):
-        data._check_not_empty(corpus, "libreoffice-help-xx")
+        libreoffice._check_not_empty(corpus, "libreoffice-help-xx")
 
 
 @pytest.mark.slow
 def test_real_debian_fetch_builds_the_en_de_corpus(tmp_path):
-    if data.shutil.which("apt-get") is None:
+    if libreoffice.shutil.which("apt-get") is None:
         pytest.skip("needs apt-get")
-    corpus = data.libreoffice_help_corpus("en", "de", cache_dir=tmp_path)
+    corpus = libreoffice.libreoffice_help_corpus("en", "de", cache_dir=tmp_path)
     assert len(corpus["train"]) > 30000 and len(corpus["validation"]) > 300 and len(corpus["test"]) > 500
     assert not set(corpus["test"]["source"]) & set(corpus["train"]["source"])
-    again = data.libreoffice_help_corpus("en", "de", cache_dir=tmp_path)  # from the on-disk cache
+    again = libreoffice.libreoffice_help_corpus("en", "de", cache_dir=tmp_path)  # from the on-disk cache
     assert list(again["test"]["source"]) == list(corpus["test"]["source"])

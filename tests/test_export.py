@@ -17,9 +17,11 @@ import pytest
 import torch
 from tokenizers import processors
 
-from hf_vanilla_transformer.export import EXPORT_INFO, CTranslate2Translator, export_ctranslate2
-from hf_vanilla_transformer.export_onnx import ONNX_INFO, OnnxTranslator, cache_names, export_onnx, recorded_decoding
-from hf_vanilla_transformer.inference import load_export
+from hf_vanilla_transformer.deploy.ctranslate2 import CTranslate2Translator, export_ctranslate2
+from hf_vanilla_transformer.deploy.engines import load_export
+from hf_vanilla_transformer.deploy.onnx import cache_names, export_onnx
+from hf_vanilla_transformer.deploy.onnx_translator import OnnxTranslator
+from hf_vanilla_transformer.deploy.rules import EXPORT_INFO, recorded_decoding
 
 from conftest import reversal_task, run_script, tiny_model, train_on_reversal
 
@@ -195,7 +197,7 @@ def test_the_export_decodes_with_the_models_beams_and_alpha(trained, tmp_path):
 
 
 def test_the_length_penalty_carried_over_to_ctranslate2_grows_as_the_models_at_20_tokens():
-    from hf_vanilla_transformer.export import ctranslate2_alpha
+    from hf_vanilla_transformer.deploy.ctranslate2 import ctranslate2_alpha
 
     assert ctranslate2_alpha(0.6) == 0.48 and ctranslate2_alpha(1.5) == 1.2 and ctranslate2_alpha(1.0, length=5) == 0.5
     assert ctranslate2_alpha(1.5, "hf") == 1.5  # transformers' own penalty is CTranslate2's rule
@@ -272,7 +274,7 @@ def test_onnx_export_records_the_models_decoding_rules_and_translates_with_them(
         "early_stopping": False,
         "relative_max_length": 50,
     }
-    info = json.loads((onnx_folder / ONNX_INFO).read_text())
+    info = json.loads((onnx_folder / EXPORT_INFO).read_text())
     assert info["generation"] == {  # the trained model's generation config: the paper's rules
         "num_beams": 4,
         "length_penalty": 0.6,
@@ -284,14 +286,14 @@ def test_onnx_export_records_the_models_decoding_rules_and_translates_with_them(
     folder = tmp_path / "onnx"
     shutil.copytree(onnx_folder, folder)
     info["generation"] |= {"length_penalty_type": "hf", "early_stopping": "never", "length_penalty": 2.0}
-    (folder / ONNX_INFO).write_text(json.dumps(info))
+    (folder / EXPORT_INFO).write_text(json.dumps(info))
     engine = OnnxTranslator(folder)
     sentences = [*SENTENCES, "w30 w2 w17", "w3 w3 w3 w3 w3 w3 w3"]
     rules = dict(length_penalty=2.0, length_penalty_type="hf", early_stopping="never")
     assert engine.translate(sentences) == OnnxTranslator(onnx_folder).translate(sentences, **rules)
     for name in ("length_penalty_type", "early_stopping"):  # an export written before the two fields
         del info["generation"][name]
-    (folder / ONNX_INFO).write_text(json.dumps(info))
+    (folder / EXPORT_INFO).write_text(json.dumps(info))
     assert OnnxTranslator(folder).defaults | {"length_penalty": 0.6} == OnnxTranslator(onnx_folder).defaults
 
 

@@ -16,10 +16,13 @@ from safetensors.torch import load_file, save_file
 from transformers import MarianMTModel, pipeline
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration, VanillaTransformerModel
-from hf_vanilla_transformer.data import read_parallel_file
-from hf_vanilla_transformer.inference import translate
-from hf_vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerDecoder, VanillaTransformerEncoder
-from hf_vanilla_transformer.tokenization import corpus_texts, train_bpe_tokenizer
+from hf_vanilla_transformer.data.corpora import read_parallel_file
+from hf_vanilla_transformer.data.tokenizer import corpus_texts, train_bpe_tokenizer
+from hf_vanilla_transformer.evaluation.translation import translate
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
+    VanillaTransformerDecoder,
+    VanillaTransformerEncoder,
+)
 
 from conftest import EOS, FIXTURES, PAD, ROOT, random_ids, run_script, tiny_model
 

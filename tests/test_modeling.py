@@ -13,10 +13,12 @@ from hf_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
     label_smoothed_loss,
+    sinusoidal_positions,
+)
+from hf_vanilla_transformer.model import (
     loss_vanilla_transformer,
     modeling_vanilla_transformer,
     padding_vanilla_transformer,
-    sinusoidal_positions,
 )
 
 from conftest import BOS, PAD, random_ids, tiny_config, tiny_model

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.tokenization import train_bpe_tokenizer
+from hf_vanilla_transformer.data.tokenizer import train_bpe_tokenizer
 
 from conftest import ROOT
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hf_vanilla_transformer.hub import REMOTE_CODE_FILES
+from hf_vanilla_transformer.model import REMOTE_CODE_FILES
 
 from conftest import PAD, random_ids, run_without_package, tiny_model
 
@@ -71,9 +71,9 @@ def test_remote_code_files_import_only_torch_transformers_and_each_other(name):
     import ast
     import pathlib
 
-    import hf_vanilla_transformer
+    import hf_vanilla_transformer.model
 
-    source = pathlib.Path(hf_vanilla_transformer.__file__).with_name(name).read_text()
+    source = pathlib.Path(hf_vanilla_transformer.model.__file__).with_name(name).read_text()
     roots = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
@@ -90,9 +90,9 @@ def test_the_modeling_file_reads_like_the_paper():
     mask plumbing and the autocast guard live in its siblings."""
     import pathlib
 
-    import hf_vanilla_transformer
+    import hf_vanilla_transformer.model
 
-    source = pathlib.Path(hf_vanilla_transformer.__file__).with_name("modeling_vanilla_transformer.py").read_text()
+    source = pathlib.Path(hf_vanilla_transformer.model.__file__).with_name("modeling_vanilla_transformer.py").read_text()
     assert len(source.splitlines()) <= 720
     for moved in (
         "class _LinearLabelSmoothedLoss",

@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_vanilla_transformer.averaging import checkpoint_folders
-from hf_vanilla_transformer.training import CheckpointError, validate_checkpoint
+from hf_vanilla_transformer.training.averaging import checkpoint_folders
+from hf_vanilla_transformer.training.checkpoints import CheckpointError, validate_checkpoint
 
 from conftest import FIXTURES, ROOT, logged_losses
 
@@ -28,10 +28,11 @@ FIXTURE = str(FIXTURES / "libreoffice_help_en_de_200.tsv")
 CHILD = textwrap.dedent(
     """
     import json, os, signal, sys
-    from hf_vanilla_transformer.training import (
-        ModelDataArguments, TransformerTrainer, TransformerTrainingArguments, latest_checkpoint, leave_process_group,
-        prepare_run,
-    )
+    from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
+    from hf_vanilla_transformer.training.checkpoints import latest_checkpoint
+    from hf_vanilla_transformer.training.preparation import prepare_run
+    from hf_vanilla_transformer.training.run import leave_process_group
+    from hf_vanilla_transformer.training.trainer import TransformerTrainer
     spec = json.loads(sys.argv[1])
     recipe = ModelDataArguments(**spec["recipe"])
     args = TransformerTrainingArguments(**spec["args"])
@@ -53,7 +54,7 @@ CHILD = textwrap.dedent(
             if self.state.global_step == kill["step"]:
                 os.kill(os.getpid(), signal.SIGKILL)
         Seq2SeqTrainer._save_checkpoint = dying_after
-    trainer, tokenizer, corpus = prepare_run(recipe, args)
+    trainer = prepare_run(recipe, args).trainer
     if kill and kill["where"] == "step":
         from transformers import TrainerCallback
         class Die(TrainerCallback):
@@ -269,7 +270,7 @@ def test_fsdp_two_processes_equal_one_process(one_process, tmp_path):
 def test_the_fsdp_config_wraps_every_layer_class_of_the_model():
     import yaml
 
-    from hf_vanilla_transformer import modeling_vanilla_transformer
+    from hf_vanilla_transformer.model import modeling_vanilla_transformer
 
     config = yaml.safe_load((CONFIGS / "fsdp.yaml").read_text())
     assert config["distributed_type"] == "FSDP" and config["fsdp_config"]["fsdp_version"] == 2

@@ -15,7 +15,7 @@ from huggingface_hub import CommitOperationAdd, ModelCard
 from transformers import AutoTokenizer, pipeline
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.hub import (
+from hf_vanilla_transformer.sharing.hub import (
     PublishError,
     check_model_card,
     commit_operations,
@@ -23,7 +23,7 @@ from hf_vanilla_transformer.hub import (
     stage_for_hub,
     upload_plan,
 )
-from hf_vanilla_transformer.plots import (
+from hf_vanilla_transformer.sharing.plots import (
     attention_maps,
     plot_attention,
     plot_positional_encoding,
@@ -137,7 +137,7 @@ def test_unreachable_hub_is_a_clear_error_and_nothing_is_committed(trained_folde
     # A real upload attempt against an endpoint where nothing listens (port 9, discard): the error is ours, clear.
     script = f"""
 import sys
-from hf_vanilla_transformer.hub import PublishError, push_model_folder
+from hf_vanilla_transformer.sharing.hub import PublishError, push_model_folder
 try:
     push_model_folder({str(folder)!r}, "me/x", token="hf_not_a_real_token")
 except PublishError as error:

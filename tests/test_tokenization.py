@@ -6,8 +6,8 @@ import pytest
 from datasets import Dataset, DatasetDict
 
 from hf_vanilla_transformer import VanillaTransformerConfig
-from hf_vanilla_transformer.data import read_parallel_file
-from hf_vanilla_transformer.tokenization import (
+from hf_vanilla_transformer.data.corpora import read_parallel_file
+from hf_vanilla_transformer.data.tokenizer import (
     check_special_tokens,
     corpus_texts,
     tokenize_corpus,

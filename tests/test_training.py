@@ -12,21 +12,21 @@ import torch
 from transformers import AutoTokenizer, TrainerState
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer import trainer as trainer_module
-from hf_vanilla_transformer.arguments import check_recipe_arguments, length_penalty_choices, parse_config_overrides
-from hf_vanilla_transformer.averaging import average_checkpoints, average_last_checkpoints, checkpoint_folders
-from hf_vanilla_transformer.hub import REMOTE_CODE_FILES
-from hf_vanilla_transformer.inference import evaluate_translations
-from hf_vanilla_transformer.training import (
+from hf_vanilla_transformer.evaluation.length_penalty import length_penalty_choices
+from hf_vanilla_transformer.evaluation.translation import evaluate_translations
+from hf_vanilla_transformer.model import REMOTE_CODE_FILES
+from hf_vanilla_transformer.training import callbacks as callbacks_module
+from hf_vanilla_transformer.training.arguments import (
     ModelDataArguments,
-    TrainingProgressCallback,
     TransformerTrainingArguments,
-    build_model,
+    check_recipe_arguments,
     check_schedule_arguments,
-    noam_factor,
-    noam_schedule,
-    prepare_run,
+    parse_config_overrides,
 )
+from hf_vanilla_transformer.training.averaging import average_checkpoints, average_last_checkpoints, checkpoint_folders
+from hf_vanilla_transformer.training.callbacks import TrainingProgressCallback
+from hf_vanilla_transformer.training.preparation import build_model, prepare_run
+from hf_vanilla_transformer.training.trainer import noam_factor, noam_schedule
 
 from conftest import FIXTURES, logged_losses, run_script, tiny_model, word_tokenizer
 
@@ -124,7 +124,8 @@ def _args(tmp_path, **overrides) -> TransformerTrainingArguments:
 def test_a_short_run_on_a_small_slice_conditions_on_the_source(tmp_path):
     """300 updates on 200 real pairs: the model must read its source. The failure this guards against is a model
     that outputs one fluent sentence for every input (a decoder-only language model of the targets)."""
-    trainer, tokenizer, corpus = prepare_run(_recipe(), _args(tmp_path))
+    run = prepare_run(_recipe(), _args(tmp_path))
+    trainer, tokenizer, corpus = run.trainer, run.tokenizer, run.corpus
     trainer.train()
     losses = logged_losses(trainer.state.log_history)
     assert losses[-1] < losses[0] / 3
@@ -151,13 +152,12 @@ def test_a_short_run_on_a_small_slice_conditions_on_the_source(tmp_path):
 
 @pytest.mark.slow
 def test_a_saved_model_fine_tunes_on_other_pairs(tmp_path):
-    trainer, tokenizer, _ = prepare_run(_recipe(), _args(tmp_path / "first", max_steps=20, save_steps=20))
+    trainer = prepare_run(_recipe(), _args(tmp_path / "first", max_steps=20, save_steps=20)).trainer
     trainer.train()
     saved = tmp_path / "first" / "checkpoint-20"
     recipe = _recipe(model_name_or_path=str(saved), data_files=OTHER_40, validation_files=OTHER_40, test_files=OTHER_40)
-    trainer, tokenizer, _ = prepare_run(
-        recipe, _args(tmp_path / "second", max_steps=40, warmup_steps=40, logging_steps=5)
-    )
+    run = prepare_run(recipe, _args(tmp_path / "second", max_steps=40, warmup_steps=40, logging_steps=5))
+    trainer, tokenizer = run.trainer, run.tokenizer
     assert trainer.model.config.vocab_size == 1000  # the saved model's vocabulary and tokenizer, not new ones
     assert tokenizer("Save")["input_ids"] == trainer.processing_class("Save")["input_ids"]
     trainer.train()
@@ -287,9 +287,9 @@ def test_the_progress_lines_read_well_in_a_log_file(trained_folder):
 def test_the_main_jobs_recipe_averages_the_last_third_of_any_run_length(tmp_path):
     """The CPU recipe file (scripts/main.py) builds both argument sets and passes the schedule checks; whatever
     length the budget fixes, its checkpoints fall so that the last five averaged cover the end of the run."""
-    from hf_vanilla_transformer.averaging import choose_checkpoints
-    from hf_vanilla_transformer.budget import schedule_for
-    from hf_vanilla_transformer.recipes import parse_arguments
+    from hf_vanilla_transformer.training.averaging import choose_checkpoints
+    from hf_vanilla_transformer.training.planning import schedule_for
+    from hf_vanilla_transformer.training.recipes import parse_arguments
 
     recipe, args = parse_arguments(["--output_dir", str(tmp_path)], default_recipe="cpu")
     check_schedule_arguments(args)
@@ -317,7 +317,7 @@ def test_the_progress_rate_leaves_validation_and_checkpoint_time_out(monkeypatch
     """5,000 source tokens per 10 s of training on both lines, though 40 s of validation and checkpoint writing
     (which train on nothing) lie between them."""
     clock = [100.0]
-    monkeypatch.setattr(trainer_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(callbacks_module.time, "monotonic", lambda: clock[0])
     callback = TrainingProgressCallback()
     state = TrainerState(max_steps=10, is_world_process_zero=True, num_input_tokens_seen=0)
     callback.on_train_begin(None, state, None)

@@ -62,7 +62,7 @@ def plot_training_curves(log_history: list[dict], path: str | Path) -> Path:
 
 def plot_positional_encoding(d_model: int, path: str | Path, length: int = 128, layout: str = "interleaved") -> Path:
     """The sinusoidal position matrix of §3.5 (positions × dimensions) as the model computes it."""
-    from .modeling_vanilla_transformer import sinusoidal_positions
+    from ..model.modeling_vanilla_transformer import sinusoidal_positions
 
     matrix = sinusoidal_positions(torch.arange(length), d_model, layout).numpy()
     plt = _pyplot()

@@ -15,15 +15,10 @@ from pathlib import Path
 import yaml
 from transformers import HfArgumentParser
 
-from .training import (
-    ModelDataArguments,
-    TransformerTrainingArguments,
-    check_recipe_arguments,
-    check_schedule_arguments,
-)
+from .arguments import ModelDataArguments, TransformerTrainingArguments, check_run_arguments
 
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "configs" / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "configs" / "recipes"
 
 
 def recipe_file(name: str | Path) -> Path:
@@ -71,6 +66,5 @@ def parse_arguments(
     given = argv if argv is not None else sys.argv[1:]
     if any(token == "--bf16" or token.startswith("--bf16=") for token in given):
         recipe.precision = "bf16" if args.bf16 else "fp32"
-    check_recipe_arguments(recipe)
-    check_schedule_arguments(args)
+    check_run_arguments(recipe, args)
     return recipe, args

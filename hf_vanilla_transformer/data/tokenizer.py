@@ -7,7 +7,9 @@ Special tokens follow fairseq's layout, which the model config expects: `<s>`=0 
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 from datasets import Dataset, DatasetDict
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -15,6 +17,7 @@ from transformers import PreTrainedTokenizerFast
 
 
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>"]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")  # what save_pretrained writes
 
 
 def train_bpe_tokenizer(
@@ -98,3 +101,9 @@ def tokenize_corpus(
     if max_length is not None and "train" in encoded:
         encoded["train"] = encoded["train"].filter(short_enough, desc="length filter")
     return encoded
+
+
+def copy_tokenizer_files(source: str | Path, target: str | Path) -> list[Path]:
+    """Copy the tokenizer files (`TOKENIZER_FILES`) that `source` holds into `target`; returns the copies."""
+    source, target = Path(source), Path(target)
+    return [Path(shutil.copy2(source / name, target / name)) for name in TOKENIZER_FILES if (source / name).exists()]

@@ -8,9 +8,10 @@ import sys
 import time
 from pathlib import Path
 
-from .data import CorpusError
+from ..data.errors import CorpusError
+from .checkpoints import CheckpointError
 from .recipes import parse_arguments
-from .training import CheckpointError, process_start_time, train_and_evaluate
+from .run import process_start_time, train_and_evaluate
 
 
 def train_from_command_line(

@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import torch
 
-from .export_onnx import decoding_arguments, recorded_decoding
-from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_positions
+from ..data.tokenizer import copy_tokenizer_files
+from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_positions
+from .rules import EXPORT_INFO, decoding_arguments, recorded_decoding
 
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16")
-EXPORT_INFO = "hf_vanilla_transformer_export.json"  # what the export holds that CTranslate2's files do not say
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_new": "GELUTanh", "gelu_pytorch_tanh": "GELUTanh"}
 
 
@@ -149,9 +147,7 @@ def export_ctranslate2(
     spec.optimize(quantization=quantization)
     output_dir.mkdir(parents=True, exist_ok=True)
     spec.save(str(output_dir))
-    for name in TOKENIZER_FILES:
-        if (model_dir / name).exists():
-            shutil.copy2(model_dir / name, output_dir / name)
+    copy_tokenizer_files(model_dir, output_dir)
     info = {
         "format": "ctranslate2",
         "quantization": quantization,

@@ -43,6 +43,7 @@ PRESETS: dict[str, dict] = {
 }
 
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
+INITIALIZATIONS = ("xavier", "normal")
 SINUSOID_LAYOUTS = ("interleaved", "concat")
 
 
@@ -96,9 +97,14 @@ class VanillaTransformerConfig(PreTrainedConfig):
         max_position_embeddings (`int`, *optional*):
             Longest sequence with learned positions; required by them. Sinusoidal positions have no limit and
             leave it `None`.
+        initialization (`str`, *optional*, defaults to `"xavier"`):
+            How new weights are drawn (the paper does not say). `"xavier"`: as the reference implementations
+            (tensor2tensor, fairseq): embeddings N(0, d_model^-0.5), projections Xavier-uniform. `"normal"`: every
+            projection and the embedding N(0, init_std), as transformers' models (Marian, BART) draw them.
+            Loading saved weights is unaffected.
         init_std (`float`, *optional*):
-            Standard deviation of the embedding initialisation; `None` means d_model^-0.5 as in the reference
-            implementations (tensor2tensor, fairseq).
+            Standard deviation of the normal draws; `None` means d_model^-0.5 for `"xavier"` (the embedding) and
+            0.02 for `"normal"`.
         use_cache (`bool`, *optional*, defaults to `True`):
             Return the encoder-decoder key/value cache.
         pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id (`int`, *optional*, defaults to 1, 0, 2, 0):
@@ -138,6 +144,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
     position_embedding_type: str = "sinusoidal"
     sinusoid_layout: str = "interleaved"
     max_position_embeddings: int | None = None
+    initialization: str = "xavier"
     init_std: float | None = None
     use_cache: bool = True
     is_encoder_decoder: bool = True
@@ -165,15 +172,14 @@ class VanillaTransformerConfig(PreTrainedConfig):
 
     def _check_values(self) -> None:
         """Raise a `ValueError` naming the first impossible value."""
+        self._check_sizes()
+        self._check_options()
 
-        def fail(name: str, expected: str) -> None:
-            raise ValueError(
-                f"VanillaTransformerConfig: {name}={getattr(self, name)!r} is invalid; expected {expected}."
-            )
+    def _fail(self, name: str, expected: str) -> None:
+        raise ValueError(f"VanillaTransformerConfig: {name}={getattr(self, name)!r} is invalid; expected {expected}.")
 
-        def is_int(value) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool)
-
+    def _check_sizes(self) -> None:
+        """The widths, depths and heads (§3), and the special token ids."""
         for name in (
             "vocab_size",
             "d_model",
@@ -184,49 +190,56 @@ class VanillaTransformerConfig(PreTrainedConfig):
             "encoder_ffn_dim",
             "decoder_ffn_dim",
         ):
-            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
-                fail(name, "a positive integer")
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                self._fail(name, "a positive integer")
         for name in ("d_k", "d_v"):
             value = getattr(self, name)
-            if value is not None and (not is_int(value) or value < 1):
-                fail(name, "None (d_model / heads) or a positive integer")
+            if value is not None and (not _is_int(value) or value < 1):
+                self._fail(name, "None (d_model / heads) or a positive integer")
         for heads in ("encoder_attention_heads", "decoder_attention_heads"):
             if self.d_model % getattr(self, heads) and (self.d_k is None or self.d_v is None):
-                fail(heads, f"a divisor of d_model={self.d_model}, or d_k and d_v set explicitly")
-        for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-                fail(name, "a probability in [0, 1)")
-        if self.activation_function not in ACT2FN:
-            fail("activation_function", "one of transformers' activations, e.g. 'relu' or 'gelu'")
-        if (
-            isinstance(self.layer_norm_eps, bool)
-            or not isinstance(self.layer_norm_eps, (int, float))
-            or not self.layer_norm_eps > 0
-        ):
-            fail("layer_norm_eps", "a positive number")
-        if self.init_std is not None and (
-            isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float)) or not self.init_std > 0
-        ):
-            fail("init_std", "None (d_model^-0.5) or a positive number")
-        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
-            fail("position_embedding_type", f"one of {POSITION_EMBEDDING_TYPES}")
+                self._fail(heads, f"a divisor of d_model={self.d_model}, or d_k and d_v set explicitly")
         learned = self.position_embedding_type == "learned"
         if (learned or self.max_position_embeddings is not None) and (
-            not is_int(self.max_position_embeddings) or self.max_position_embeddings < 1
+            not _is_int(self.max_position_embeddings) or self.max_position_embeddings < 1
         ):
-            fail("max_position_embeddings", "a positive integer (learned positions need one)")
-        if self.sinusoid_layout not in SINUSOID_LAYOUTS:
-            fail("sinusoid_layout", f"one of {SINUSOID_LAYOUTS}")
-        for name in ("scale_embedding", "tie_word_embeddings", "pre_layer_norm"):
-            if not isinstance(getattr(self, name), bool):
-                fail(name, "True or False")
+            self._fail("max_position_embeddings", "a positive integer (learned positions need one)")
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             value = getattr(self, name)
-            if value is not None and (not is_int(value) or not 0 <= value < self.vocab_size):
-                fail(name, f"None or a token id in [0, vocab_size={self.vocab_size})")
+            if value is not None and (not _is_int(value) or not 0 <= value < self.vocab_size):
+                self._fail(name, f"None or a token id in [0, vocab_size={self.vocab_size})")
         if self.decoder_start_token_id is None:
-            fail("decoder_start_token_id", "a token id: the decoder needs a first input")
+            self._fail("decoder_start_token_id", "a token id: the decoder needs a first input")
+
+    def _check_options(self) -> None:
+        """Probabilities, the activation, the epsilon, the initialization and the switches beyond the paper."""
+        for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0.0 <= value < 1.0:
+                self._fail(name, "a probability in [0, 1)")
+        if self.activation_function not in ACT2FN:
+            self._fail("activation_function", "one of transformers' activations, e.g. 'relu' or 'gelu'")
+        if not _is_number(self.layer_norm_eps) or not self.layer_norm_eps > 0:
+            self._fail("layer_norm_eps", "a positive number")
+        if self.init_std is not None and (not _is_number(self.init_std) or not self.init_std > 0):
+            self._fail("init_std", "None (the scheme's default) or a positive number")
+        if self.initialization not in INITIALIZATIONS:
+            self._fail("initialization", f"one of {INITIALIZATIONS}")
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            self._fail("position_embedding_type", f"one of {POSITION_EMBEDDING_TYPES}")
+        if self.sinusoid_layout not in SINUSOID_LAYOUTS:
+            self._fail("sinusoid_layout", f"one of {SINUSOID_LAYOUTS}")
+        for name in ("scale_embedding", "tie_word_embeddings", "pre_layer_norm"):
+            if not isinstance(getattr(self, name), bool):
+                self._fail(name, "True or False")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 __all__ = ["PRESETS", "VanillaTransformerConfig"]

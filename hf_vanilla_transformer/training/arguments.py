@@ -10,11 +10,9 @@ from transformers import (
     Seq2SeqTrainingArguments,
 )
 
+from ..evaluation.length_penalty import length_penalty_choices
+from ..model.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from .averaging import AVERAGE_WINDOW
-from .budget import (
-    cpu_has_fast_bf16,  # noqa: F401 (its import path before budget.py)
-)
-from .configuration_vanilla_transformer import PRESETS
 
 
 logger = logging.getLogger(__name__)
@@ -200,8 +198,6 @@ def check_schedule_arguments(args: TransformerTrainingArguments) -> None:
 def parse_config_overrides(text: str | None) -> dict:
     """`'d_model=192,encoder_layers=2'` as `{"d_model": 192, "encoder_layers": 2}`, each value of its field's type in
     the config; a ValueError names a pair that is not `name=value`, an unknown field or a value of the wrong kind."""
-    from .configuration_vanilla_transformer import VanillaTransformerConfig
-
     if not text:
         return {}
     defaults = VanillaTransformerConfig().to_dict()
@@ -231,33 +227,54 @@ def parse_config_overrides(text: str | None) -> dict:
     return overrides
 
 
-def length_penalty_choices(recipe: ModelDataArguments) -> list[float]:
-    """The GNMT alphas of `--length_penalty_choices` as numbers ([] when not given); a ValueError names a bad one."""
-    if not recipe.length_penalty_choices:
-        return []
-    alphas = []
-    for text in str(recipe.length_penalty_choices).split(","):
-        try:
-            alpha = float(text)
-        except ValueError:
-            alpha = -1.0
-        if not 0 <= alpha < float("inf"):
-            raise ValueError(
-                f"length_penalty_choices={recipe.length_penalty_choices!r} holds {text.strip()!r}; expected "
-                "comma-separated GNMT alphas of 0 or more (e.g. 0.6,1.0,1.4)."
-            )
-        alphas.append(alpha)
-    if recipe.test_beams <= 1 and len(alphas) > 1:
+def token_choices(recipe) -> list[int]:
+    """The batch sizes (max_tokens) the planner may choose from, largest first."""
+    if not recipe.max_tokens_choices:
+        return [recipe.max_tokens]
+    try:
+        choices = sorted({int(value) for value in recipe.max_tokens_choices.split(",")}, reverse=True)
+    except ValueError:
+        choices = []
+    if not choices or min(choices) < 1:
         raise ValueError(
-            f"length_penalty_choices={recipe.length_penalty_choices!r} needs beam search: test_beams={recipe.test_beams} "
-            "decodes greedily, where alpha changes nothing."
+            f"max_tokens_choices={recipe.max_tokens_choices!r} is invalid; expected positive token counts such as "
+            "'2048,1024'."
         )
-    return alphas
+    return choices
+
+
+def preset_choices(recipe) -> list[str]:
+    """The model sizes the planner may choose from, largest first: `preset_choices` where the run's preset is their
+    first (the recipe's own), else the run's preset alone (`--preset tiny` over the CPU recipe trains tiny)."""
+    if not recipe.preset_choices:
+        return [recipe.preset]
+    choices = [name.strip() for name in recipe.preset_choices.split(",") if name.strip()]
+    unknown = [name for name in choices if name not in PRESETS]
+    if not choices or unknown:
+        raise ValueError(
+            f"preset_choices={recipe.preset_choices!r} is invalid; expected presets from {sorted(PRESETS)} "
+            "separated by commas, largest first, such as 'small,compact'."
+        )
+    return choices if choices[0] == recipe.preset else [recipe.preset]
+
+
+def check_run_arguments(recipe: ModelDataArguments, args: TransformerTrainingArguments) -> None:
+    """Every check of the two argument dataclasses, before any corpus or model work: a ValueError names the value."""
+    check_recipe_arguments(recipe)
+    check_schedule_arguments(args)
+    budgeted = recipe.max_minutes is not None and args.max_steps <= 0
+    if budgeted and recipe.preset_choices and recipe.model_name_or_path:
+        raise ValueError(
+            f"preset_choices={recipe.preset_choices!r} cannot apply to the saved model {recipe.model_name_or_path!r}; "
+            "give one or the other."
+        )
 
 
 def check_recipe_arguments(recipe: ModelDataArguments) -> None:
-    """Raise a ValueError naming the value for recipe fields out of range."""
+    """Raise a ValueError naming the value for recipe fields out of range, the lists of choices among them."""
     length_penalty_choices(recipe)
+    preset_choices(recipe)
+    token_choices(recipe)
     parse_config_overrides(recipe.config_overrides)
     if recipe.config_overrides and recipe.model_name_or_path:
         raise ValueError(

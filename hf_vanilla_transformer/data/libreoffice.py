@@ -1,31 +1,24 @@
-"""Parallel corpora as `datasets.DatasetDict`s with `source` and `target` columns, split train/validation/test.
+"""The LibreOffice corpora, from Debian's packages: real human translations that install offline.
 
-Sources:
+* **LibreOffice help** (the default, EN-DE): `libreoffice-help-en-us` and `libreoffice-help-<lang>` ship the same
+  help pages in many languages, paragraph by paragraph, with the same file paths and element ids, so pairs align
+  exactly.
+* **LibreOffice UI strings** (`libreoffice-l10n-<lang>`): the gettext catalogues of the user interface, short strings
+  of a second domain, handy for fine-tuning.
 
-* **LibreOffice help** (the default, EN-DE): Debian's `libreoffice-help-en-us` and `libreoffice-help-<lang>` ship
-  the same help pages in many languages, paragraph by paragraph, with the same file paths and element ids, so
-  pairs align exactly. The packages are fetched with `apt-get download` and unpacked with `dpkg-deb -x`;
-  LibreOffice itself is never installed and no Debian version is pinned.
-* **LibreOffice UI strings** (`libreoffice-l10n-<lang>`): the gettext catalogues of the user interface, short
-  strings of a second domain, handy for fine-tuning.
-* **Local parallel files**: a TSV (`source<TAB>target`), a JSONL (`{"source": ..., "target": ...}`, or
-  `{"translation": {"en": ..., "de": ...}}`), or two line-aligned text files.
-* **WMT14** through `datasets.load_dataset("wmt/wmt14", ...)` (needs the Hugging Face Hub).
-
-The split of the LibreOffice corpora is by file, never by pair (the same paragraph recurs on many pages), with a
-fixed rule: the CRC-32 of a help file's path (relative to its language folder) modulo 100 puts the file in
-*test* when it is below 3, in *validation* when below 5, in *train* otherwise. Pairs are de-duplicated, and a
-validation or test pair whose source sentence also occurs in an earlier split is dropped, so that nothing held
-out was seen in training.
+The packages are fetched with `apt-get download` and unpacked with `dpkg-deb -x`; LibreOffice itself is never
+installed and no Debian version is pinned. The split is by file, never by pair (the same paragraph recurs on many
+pages), with a fixed rule: the CRC-32 of a help file's path (relative to its language folder) modulo 100 puts the
+file in *test* when it is below 3, in *validation* when below 5, in *train* otherwise. Pairs are de-duplicated, and a
+validation or test pair whose source sentence also occurs in an earlier split is dropped, so that nothing held out
+was seen in training.
 """
 
 from __future__ import annotations
 
 import gettext
 import html
-import json
 import logging
-import os
 import re
 import shutil
 import subprocess
@@ -37,17 +30,15 @@ from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_from_disk
 
+from ..utils.files import replace_folder_atomically
+from .errors import DEFAULT_CACHE, SPLITS, CorpusError
+
 
 logger = logging.getLogger(__name__)
 
-SPLITS = ("train", "validation", "test")
 TEST_BELOW, VALIDATION_BELOW = 3, 5  # CRC-32(path) % 100 thresholds of the file-level split
 UNIT_ID = re.compile(r"^(par|hd)_id")
-DEFAULT_CACHE = Path(os.environ.get("HF_VANILLA_TRANSFORMER_DATA", Path.home() / ".cache" / "hf_vanilla_transformer"))
-
-
-class CorpusError(RuntimeError):
-    """A corpus cannot be built here; the message says what to run or which source to use instead."""
+UNPACKED = ".unpacked"  # written last into a package's folder: the name of the .deb it was unpacked from
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -70,7 +61,7 @@ def fetch_debian_package(package: str, cache_dir: Path) -> Path:
     Returns the folder the package was unpacked into. Runs `apt-get update` once if the package is unknown.
     """
     unpacked = cache_dir / "debs" / package
-    if (unpacked / ".complete").exists():
+    if (unpacked / UNPACKED).exists():
         return unpacked
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
         raise CorpusError(
@@ -106,7 +97,7 @@ def fetch_debian_package(package: str, cache_dir: Path) -> Path:
             shutil.rmtree(unpacked)
         unpacked.parent.mkdir(parents=True, exist_ok=True)
         target.rename(unpacked)
-    (unpacked / ".complete").write_text(debs[0].name + "\n")
+    (unpacked / UNPACKED).write_text(debs[0].name + "\n")
     return unpacked
 
 
@@ -235,7 +226,7 @@ def libreoffice_help_corpus(
         raise CorpusError(f"libreoffice-help-{suffix} has no help folder {folder!r}; it holds {found}.")
     corpus = split_and_deduplicate(align_help_trees(source_root, target_root))
     _check_not_empty(corpus, f"libreoffice-help-{suffix}")
-    _save_atomically(corpus, cached)
+    _save(corpus, cached)
     return corpus
 
 
@@ -276,153 +267,8 @@ def libreoffice_ui_corpus(target_lang: str = "de", cache_dir: str | Path | None 
 
     corpus = split_and_deduplicate(rows())
     _check_not_empty(corpus, f"libreoffice-l10n-{suffix}")
-    _save_atomically(corpus, cached)
+    _save(corpus, cached)
     return corpus
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Local files and WMT14
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def read_text(path: str | Path) -> str:
-    """The text of a UTF-8 file. A missing file, a folder, or bytes that are not UTF-8 raise an error whose one-line
-    message names the file (and the line of the first bad byte)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist; expected a UTF-8 text file.")
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder; expected a UTF-8 text file.")
-    return decode_text(path.read_bytes(), str(path))
-
-
-def decode_text(data: bytes, name: str) -> str:
-    """`data` decoded as UTF-8; otherwise a ValueError naming `name`, the line and the first bad byte."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise ValueError(
-            f"{name}:{line} is not UTF-8 text (byte {data[error.start]:#04x}: {error.reason}); expected a UTF-8 "
-            "text file."
-        ) from None
-
-
-def read_parallel_file(
-    path: str | Path, target_path: str | Path | None = None, source_lang: str = "en", target_lang: str = "de"
-) -> Dataset:
-    """Pairs from a TSV or JSONL file, or from two line-aligned text files (`path` and `target_path`).
-
-    Bad input raises an error whose one-line message names the file, the line and what was expected there.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"Parallel data file {str(path)!r} does not exist.")
-    sources, targets = [], []
-    if target_path is not None:
-        target_path = Path(target_path)
-        source_lines = read_text(path).splitlines()
-        target_lines = read_text(target_path).splitlines()
-        if len(source_lines) != len(target_lines):
-            raise ValueError(
-                f"{path} has {len(source_lines)} lines but {target_path} has {len(target_lines)}; "
-                "two aligned text files need the same number of lines."
-            )
-        sources, targets = source_lines, target_lines
-    elif path.suffix in (".jsonl", ".json"):
-        for number, line in enumerate(read_text(path).splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(
-                    f"{path}:{number} is not JSON ({error.msg}, column {error.colno}); expected one object per line, "
-                    f'{{"source": ..., "target": ...}}: {line[:200]!r}'
-                ) from None
-            if not isinstance(record, dict):
-                raise ValueError(
-                    f"{path}:{number} holds a JSON {type(record).__name__}; expected one object per line, "
-                    f'{{"source": ..., "target": ...}}: {line[:200]!r}'
-                )
-            if isinstance(record.get("translation"), dict):
-                record = {
-                    "source": record["translation"].get(source_lang),
-                    "target": record["translation"].get(target_lang),
-                }
-            if not isinstance(record.get("source"), str) or not isinstance(record.get("target"), str):
-                raise ValueError(
-                    f"{path}:{number} has no string 'source' and 'target' (or translation.{source_lang} and "
-                    f"translation.{target_lang}): {line[:200]!r}"
-                )
-            sources.append(record["source"])
-            targets.append(record["target"])
-    else:
-        for number, line in enumerate(read_text(path).splitlines(), 1):
-            if not line.strip():
-                continue
-            fields = line.split("\t")
-            if len(fields) != 2:
-                raise ValueError(
-                    f"{path}:{number} has {len(fields)} tab-separated fields; a TSV needs exactly 2 "
-                    f"(source<TAB>target): {line[:200]!r}"
-                )
-            sources.append(fields[0])
-            targets.append(fields[1])
-    keep = [i for i, (s, t) in enumerate(zip(sources, targets, strict=True)) if s.strip() and t.strip()]
-    if not keep:
-        raise CorpusError(f"{path} holds no sentence pair.")
-    return Dataset.from_dict(
-        {"source": [sources[i].strip() for i in keep], "target": [targets[i].strip() for i in keep]}
-    )
-
-
-def parallel_files_corpus(train: str, validation: str | None = None, test: str | None = None, **kwargs) -> DatasetDict:
-    """A corpus from local files. `train` may be `src.txt,tgt.txt` for two aligned files; so may the others."""
-
-    def load(spec: str) -> Dataset:
-        parts = spec.split(",")
-        if len(parts) > 2:
-            raise ValueError(f"{spec!r}: give one file, or two comma-separated aligned text files.")
-        return read_parallel_file(parts[0], parts[1] if len(parts) == 2 else None, **kwargs)
-
-    corpus = {"train": load(train)}
-    for name, spec in (("validation", validation), ("test", test)):
-        if spec:
-            corpus[name] = load(spec)
-    return DatasetDict(corpus)
-
-
-def wmt_to_pairs(dataset: Dataset, source_lang: str, target_lang: str) -> Dataset:
-    """WMT's `{"translation": {"de": ..., "en": ...}}` rows as `source`/`target` columns."""
-
-    def convert(batch):
-        return {
-            "source": [pair[source_lang] for pair in batch["translation"]],
-            "target": [pair[target_lang] for pair in batch["translation"]],
-        }
-
-    return dataset.map(convert, batched=True, remove_columns=dataset.column_names)
-
-
-def wmt14_corpus(source_lang: str = "en", target_lang: str = "de") -> DatasetDict:
-    """WMT14 (the paper's data, §5.1) from the Hugging Face Hub: newstest2013 validation, newstest2014 test."""
-    import datasets
-
-    pair = "-".join(sorted((source_lang, target_lang), key=lambda lang: lang == "en"))  # "de-en", "fr-en"
-    try:
-        raw = datasets.load_dataset("wmt/wmt14", pair)
-    except Exception as error:  # no network, no Hub, or an unknown pair
-        raise CorpusError(
-            f"Could not load WMT14 {pair} from the Hugging Face Hub ({type(error).__name__}: {error}). "
-            "It needs network access to the Hub; without it, use the default LibreOffice corpus or --data_files."
-        ) from error
-    return DatasetDict({split: wmt_to_pairs(raw[split], source_lang, target_lang) for split in raw})
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Helpers
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 def _check_not_empty(corpus: DatasetDict, name: str) -> None:
@@ -434,38 +280,6 @@ def _check_not_empty(corpus: DatasetDict, name: str) -> None:
         )
 
 
-def _save_atomically(corpus: DatasetDict, path: Path) -> None:
-    """Write to a temporary folder, then rename, so that an interrupted build never looks complete."""
-    tmp = path.with_name(path.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    corpus.save_to_disk(str(tmp))
-    if path.exists():
-        shutil.rmtree(path)
-    tmp.rename(path)
-
-
-def load_corpus(
-    dataset: str = "libreoffice-help",
-    source_lang: str = "en",
-    target_lang: str = "de",
-    data_files: str | None = None,
-    validation_files: str | None = None,
-    test_files: str | None = None,
-    cache_dir: str | Path | None = None,
-) -> DatasetDict:
-    """One entry point for every source: `libreoffice-help` (default), `libreoffice-ui`, `wmt14`, or local files."""
-    if data_files:
-        return parallel_files_corpus(
-            data_files, validation_files, test_files, source_lang=source_lang, target_lang=target_lang
-        )
-    if dataset == "libreoffice-help":
-        return libreoffice_help_corpus(source_lang, target_lang, cache_dir)
-    if dataset == "libreoffice-ui":
-        return libreoffice_ui_corpus(target_lang, cache_dir)
-    if dataset == "wmt14":
-        return wmt14_corpus(source_lang, target_lang)
-    raise ValueError(
-        f"dataset={dataset!r} is unknown; expected 'libreoffice-help', 'libreoffice-ui', 'wmt14', "
-        "or --data_files for local files."
-    )
+def _save(corpus: DatasetDict, path: Path) -> None:
+    """Written to a temporary folder, then renamed: an interrupted build never looks complete."""
+    replace_folder_atomically(path, lambda folder: corpus.save_to_disk(str(folder)))

@@ -1,5 +1,5 @@
-"""The Trainer of the paper's recipe: the §5.3 learning-rate schedule, token-budget batches (§5.1), checkpoints marked
-complete, and the progress line."""
+"""The Trainer of the paper's recipe: the §5.3 learning-rate schedule, token-budget batches (§5.1), evaluation batches
+sorted by length, and checkpoints marked complete."""
 
 from __future__ import annotations
 
@@ -7,24 +7,16 @@ import contextlib
 import copy
 import logging
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
-from transformers import (
-    ProgressCallback,
-    Seq2SeqTrainer,
-    TrainerCallback,
-)
+from transformers import Seq2SeqTrainer
 from transformers.utils import logging as hf_logging
 
-from .batching import TokenBudgetBatchSampler
-from .budget import (
-    cpu_has_fast_bf16,  # noqa: F401 (its import path before budget.py)
-)
+from ..data.batching import TokenBudgetBatchSampler
 from .checkpoints import mark_complete
 
 
@@ -48,81 +40,6 @@ def _noam_lambda(step: int, warmup_steps: int) -> float:
     return noam_factor(step + 1, warmup_steps)
 
 
-class SaveEveryCallback(TrainerCallback):
-    """Save a checkpoint whenever `minutes` have passed since the last one (§6.1: every 10 minutes).
-
-    The decision is the main process's, broadcast to the others, so that every process saves at the same step.
-    """
-
-    def __init__(self, minutes: float):
-        if minutes <= 0:
-            raise ValueError(f"save_minutes={minutes} is invalid; expected a positive number of minutes.")
-        self.seconds = minutes * 60
-        self.last = time.monotonic()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        due = time.monotonic() - self.last >= self.seconds
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            flag = torch.tensor([int(due)], device=args.device)
-            torch.distributed.broadcast(flag, src=0)
-            due = bool(flag.item())
-        if due:
-            control.should_save = True
-        return control
-
-    def on_save(self, args, state, control, **kwargs):
-        self.last = time.monotonic()
-
-
-class TrainingProgressCallback(ProgressCallback):
-    """The progress bar, with one readable line per log instead of a dict: update, loss, learning rate, source
-    tokens per second (padding excluded, all processes), validation BLEU when there is one, time so far and left."""
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        super().on_train_begin(args, state, control, **kwargs)
-        now = time.monotonic()
-        self.started = (now, state.global_step)  # for the time left
-        self.last = (now, _tokens_seen(state))  # at the last training-loss line: for tokens/s
-
-    def on_evaluate(self, args, state, control, **kwargs):
-        super().on_evaluate(args, state, control, **kwargs)
-        self.last = (time.monotonic(), _tokens_seen(state))  # tokens/s counts training time only
-
-    def on_save(self, args, state, control, **kwargs):
-        super().on_save(args, state, control, **kwargs)
-        self.last = (time.monotonic(), _tokens_seen(state))
-
-    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
-        # Under the training bar, the validation bar is drawn one line below and erased when done by moving the
-        # cursor up; in a log file (no terminal) that leaves "\x1b[A" behind, so there validation runs without one.
-        if self.training_bar is not None and not sys.stderr.isatty():
-            return
-        super().on_prediction_step(args, state, control, eval_dataloader=eval_dataloader, **kwargs)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or self.training_bar is None or not logs:
-            return
-        now, step, tokens = time.monotonic(), state.global_step, _tokens_seen(state)
-        parts = [f"update {step}/{state.max_steps}"]
-        if "loss" in logs:
-            parts.append(f"loss {logs['loss']:.3f}")
-        if "learning_rate" in logs:
-            parts.append(f"lr {logs['learning_rate']:.2e}")
-        if "eval_bleu" in logs:
-            parts.append(f"validation BLEU {logs['eval_bleu']:.1f} (loss {logs.get('eval_loss', float('nan')):.3f})")
-        last_time, last_tokens = self.last
-        if now > last_time and tokens > last_tokens:
-            parts.append(f"{(tokens - last_tokens) / (now - last_time):,.0f} source tok/s")
-        started_time, started_step = self.started
-        elapsed = now - started_time
-        if step > started_step:
-            left = elapsed / (step - started_step) * (state.max_steps - step)
-            parts.append(f"{elapsed / 60:.1f} min, {left / 60:.1f} min left")
-        if "loss" in logs:
-            self.last = (now, tokens)
-        self.training_bar.write(" | ".join(parts))
-
-
 @contextlib.contextmanager
 def _without_nested_bars():
     """No transformers progress bars (such as save_pretrained's "Writing model shards") inside the training bar when
@@ -135,10 +52,6 @@ def _without_nested_bars():
         yield
     finally:
         hf_logging.enable_progress_bar()
-
-
-def _tokens_seen(state) -> int:
-    return int(getattr(state, "num_input_tokens_seen", 0) or 0)
 
 
 class TransformerTrainer(Seq2SeqTrainer):

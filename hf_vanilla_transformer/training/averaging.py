@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-from .checkpoints import COMPLETE, checkpoint_folders, checkpoint_step  # noqa: F401 (COMPLETE: its old import path)
-from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from ..data.tokenizer import copy_tokenizer_files
+from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from .checkpoints import checkpoint_folders, checkpoint_step
 
 
 # Average only over the last third of a run (a 5,400-update run saved every 450 averages updates 3,600-5,400) and
@@ -19,7 +19,6 @@ from .modeling_vanilla_transformer import VanillaTransformerForConditionalGenera
 # +0.0 to +0.4 test BLEU, one 16% worse cost 0.9.
 AVERAGE_WINDOW = 1 / 3
 WORSE_THAN_LAST = 0.10
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def average_state_dicts(paths: list[str | Path]) -> dict[str, torch.Tensor]:
@@ -63,9 +62,7 @@ def average_checkpoints(
     model.tie_weights()
     output_dir = Path(output_dir)
     model.save_pretrained(output_dir)
-    for name in TOKENIZER_FILES:
-        if (checkpoints[-1] / name).exists():
-            shutil.copy2(checkpoints[-1] / name, output_dir / name)
+    copy_tokenizer_files(checkpoints[-1], output_dir)
     return model
 
 

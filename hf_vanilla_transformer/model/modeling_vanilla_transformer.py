@@ -297,13 +297,17 @@ class VanillaTransformerPreLNDecoderLayer(PreLNDecoderLayerForward, VanillaTrans
 
 
 class VanillaTransformerPreTrainedModel(SharedEmbeddingTyingMixin, PreTrainedModel):
-    """Initialisation as the reference implementations (fairseq, tensor2tensor, `torch.nn.Transformer`):
+    """Initialisation (`config.initialization`; the paper names none). `"xavier"`, as the reference implementations
+    (fairseq, tensor2tensor, `torch.nn.Transformer`):
 
     * embeddings (shared, and learned positions) ~ N(0, d_model^-0.5), so that embeddings times sqrt(d_model) have
       unit variance; an untied output projection likewise;
     * query/key/value projections Xavier-uniform with gain 1/sqrt(2) (what fairseq uses and what
       `torch.nn.Transformer` gives its fused in-projection), every other linear layer Xavier-uniform; biases zero;
     * LayerNorm weight 1, bias 0.
+
+    `"normal"`, as transformers' own models (Marian, BART): every linear layer and the embedding ~ N(0, init_std),
+    0.02 unless the config says otherwise; biases zero; LayerNorm weight 1, bias 0.
 
     The one shared matrix's bookkeeping on save and load is `SharedEmbeddingTyingMixin`'s (tying_vanilla_transformer.py).
     """
@@ -323,11 +327,15 @@ class VanillaTransformerPreTrainedModel(SharedEmbeddingTyingMixin, PreTrainedMod
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # Called once per leaf module (transformers skips modules without parameters of their own).
-        std = self.config.init_std or self.config.d_model**-0.5
+        normal = self.config.initialization == "normal"
+        std = self.config.init_std or (0.02 if normal else self.config.d_model**-0.5)
         if isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
             init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, nn.Linear):
-            init.xavier_uniform_(module.weight, gain=getattr(module, "xavier_gain", 1.0))
+            if normal:
+                init.normal_(module.weight, mean=0.0, std=std)
+            else:
+                init.xavier_uniform_(module.weight, gain=getattr(module, "xavier_gain", 1.0))
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.LayerNorm):

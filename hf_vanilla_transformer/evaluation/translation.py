@@ -8,53 +8,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers.generation import CompileConfig
 
 from .metrics import compute_bleu
-
-
-ENGINES = ("torch", "ctranslate2", "onnx")
-
-
-def add_engine_argument(parser) -> None:
-    """The `--engine` and `--workers` options of the scripts that translate (translate.py, score.py)."""
-    parser.add_argument(
-        "--engine",
-        choices=ENGINES,
-        default="torch",
-        help="torch: this package's generate(); ctranslate2 or onnx (ONNX Runtime): a folder written by "
-        "scripts/export.py --to ctranslate2 / onnx",
-    )
-    parser.add_argument(
-        "--workers",
-        type=int,
-        help="ctranslate2: batches translated at once, sharing the threads (default: one per thread on a CPU)",
-    )
-
-
-def check_engine_arguments(parser, args) -> None:
-    """End the script with a usage error (exit 2) where `--workers` comes with an engine that has none."""
-    if args.workers is not None and args.engine != "ctranslate2":
-        parser.error(f"--workers applies to --engine ctranslate2 only, not to {args.engine}")
-
-
-def load_export(
-    engine: str, folder: str | Path, device: str = "cpu", threads: int | None = None, workers: int | None = None
-):
-    """The translator of a folder written by `scripts/export.py`: a `CTranslate2Translator` or an `OnnxTranslator`,
-    both with `translate(sentences, num_beams=...)`. `threads` None: as many as PyTorch uses. `workers` (CTranslate2
-    only): batches translated at once; None: one per thread on a CPU."""
-    if workers is not None and engine != "ctranslate2":
-        raise ValueError(f"workers={workers!r} applies to the ctranslate2 engine only, not to {engine!r}.")
-    threads = threads or torch.get_num_threads()
-    if engine == "ctranslate2":
-        from .export import CTranslate2Translator
-
-        return CTranslate2Translator(folder, device=device, threads=threads, workers=workers)
-    if engine == "onnx":
-        from .export_onnx import OnnxTranslator
-
-        return OnnxTranslator(folder, threads=threads)
-    raise ValueError(f"engine={engine!r} has no export; expected 'ctranslate2' or 'onnx'.")
 
 
 def load_translator(model: str | Path, device: str | torch.device = "cpu"):
@@ -104,30 +60,25 @@ def compile_pays(compile: str, device: torch.device | str, sentences: int) -> bo
     return threshold is not None and sentences >= threshold
 
 
+# generate()'s own compile path (transformers' `CompileConfig`): a static cache, the decoding step compiled with
+# `fullgraph=True`, the first pass eager. transformers compiles on accelerators only unless told otherwise.
+COMPILED_DECODING = {"cpu": CompileConfig(fullgraph=True, mode="default"), "cuda": CompileConfig(fullgraph=True)}
+COMPILED_DECODING["cpu"]._compile_all_devices = True
+
+
 @contextmanager
-def compiled_decoding(model):
-    """Within the block, `model.generate` runs with a static cache and its forward compiled with `fullgraph=True`
-    (one compilation per model, kept on the model for later blocks).
+def compiled_decoding(device: torch.device | str = "cpu"):
+    """Within the block, the `generate()` keyword arguments that make transformers compile the decoding step (its
+    compiled function is transformers' own, kept by the model for later calls; the model's `forward` is untouched).
 
     Every model's forward runs through the same transformers wrapper, so dynamo counts the graphs of all models
     compiled in a process against one code object; the block raises dynamo's recompile limit (8 by default, after
     which `fullgraph=True` fails) so that batch shapes and earlier compiled models cannot exhaust it.
     """
-    compiled = getattr(model, "_translate_compiled_forward", None)
-    if compiled is None:
-        compiled = torch.compile(model.forward, fullgraph=True)
-        model._translate_compiled_forward = compiled
-    previous = model.__dict__.get("forward")  # a forward the caller set on the model, if any
-    model.forward = compiled
+    kind = "cuda" if torch.device(device).type == "cuda" else "cpu"
     limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    try:
-        with torch._dynamo.config.patch(recompile_limit=limit):
-            yield {"cache_implementation": "static"}
-    finally:
-        if previous is None:
-            del model.forward  # back to the class's forward
-        else:
-            model.forward = previous
+    with torch._dynamo.config.patch(recompile_limit=limit):
+        yield {"cache_implementation": "static", "compile_config": COMPILED_DECODING[kind]}
 
 
 @torch.no_grad()
@@ -173,7 +124,7 @@ def translate(
     device = next(model.parameters()).device
     bar = tqdm(total=len(sentences), desc="translating", unit="sent", disable=not progress)
     bar.update(len(sentences) - len(texts))
-    with compiled_decoding(model) if compile_pays(compile, device, len(texts)) else nullcontext({}) as extra:
+    with compiled_decoding(device) if compile_pays(compile, device, len(texts)) else nullcontext({}) as extra:
         for batch in batches:
             features = tokenizer.pad({"input_ids": [encoded[i] for i in batch]}, return_tensors="pt").to(device)
             generated = model.generate(**features, **extra, **generate_kwargs)
@@ -190,20 +141,3 @@ def evaluate_translations(
     """Translate `sources` and score them against `references`: (sacreBLEU/chrF result, hypotheses)."""
     hypotheses = translate(model, tokenizer, sources, **translate_kwargs)
     return compute_bleu(hypotheses, references, tokenized=tokenized_bleu), hypotheses
-
-
-def choose_length_penalty(
-    model, tokenizer, sources: list[str], references: list[str], alphas: list[float], **translate_kwargs
-) -> tuple[float, dict[float, float]]:
-    """The GNMT α (§6.1: "chosen after experimentation on the development set") that gives the highest BLEU on
-    these development pairs with beam search: (the best α, {α: BLEU}). A tie keeps the earlier α of `alphas`."""
-    if not alphas:
-        raise ValueError("choose_length_penalty needs at least one alpha to try.")
-    scores = {}
-    for alpha in alphas:
-        result, _ = evaluate_translations(
-            model, tokenizer, sources, references, tokenized_bleu=False, length_penalty=alpha, **translate_kwargs
-        )
-        scores[alpha] = result["score"]
-    best = max(alphas, key=lambda alpha: (scores[alpha], -alphas.index(alpha)))
-    return best, scores

@@ -1,125 +1,23 @@
-"""Model cards filled from a run's results (and, with the sharing tools, Hub publishing)."""
+"""Publishing a model folder to the Hugging Face Hub: what it publishes (weights, tokenizer, remote code, the card,
+the plots, the translation pipeline's code), the checks before anything is uploaded, and the one commit."""
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
 
+from ..data.tokenizer import TOKENIZER_FILES
+from ..model import REMOTE_CODE_FILES
+from .model_card import render_model_card
 
-TEMPLATE = Path(__file__).with_name("model_card_template.md")
-
-DATASET_IDS = {
-    "libreoffice-help": ("libreoffice-help", "the LibreOffice help (Debian packages)"),
-    "libreoffice-ui": ("libreoffice-ui", "the LibreOffice user-interface strings (Debian packages)"),
-    "wmt14": ("wmt/wmt14", "WMT14"),
-}
-
-
-def _markdown_escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def render_model_card(results: dict, repo_id: str | None = None, plots: list[str] | None = None) -> str:
-    """The model card (README.md) of a trained model folder, from its `results.json` contents."""
-    model, data, recipe = results["model"], results["data"], results["recipe"]
-    test, training = results["test"], results["training"]
-    dataset_id, dataset_name = DATASET_IDS.get(data["dataset"], (data["dataset"], data["dataset"]))
-    examples = "\n".join(
-        f"| {_markdown_escape(e['source'])} | {_markdown_escape(e['translation'])} | {_markdown_escape(e['reference'])} |"
-        for e in results.get("examples", [])
-    )
-    if examples:
-        examples = "| source | translation | reference |\n|---|---|---|\n" + examples
-    accumulation = recipe.get("gradient_accumulation_steps", 1)
-    values = {
-        "source_lang": data["source_lang"],
-        "target_lang": data["target_lang"],
-        "license": data.get("license", "mpl-2.0"),
-        "dataset_id": dataset_id,
-        "dataset_name": dataset_name,
-        "dataset_description": data.get("description", dataset_name),
-        "model_name": results.get("name", "vanilla-transformer"),
-        "bleu": round(test["bleu"], 2),
-        "chrf": round(test["chrf"], 2),
-        "tokenized_bleu": round(test.get("tokenized_bleu", float("nan")), 2),
-        "bleu_signature": test["bleu_signature"],
-        "chrf_signature": test["chrf_signature"],
-        "test_pairs": test["pairs"],
-        "test_beams": test["beams"],
-        "length_penalty": f"{test.get('length_penalty', 0.6):g}",
-        "length_penalty_choice": (
-            " (chosen by validation BLEU from "
-            + ", ".join(results["length_penalty_choice"]["validation_bleu"])
-            + ", as §6.1 chose α on the development set)"
-            if results.get("length_penalty_choice")
-            else ""
-        ),
-        "train_pairs": data["train_pairs"],
-        "validation_pairs": data["validation_pairs"],
-        "encoder_layers": model["encoder_layers"],
-        "decoder_layers": model["decoder_layers"],
-        "d_model": model["d_model"],
-        "heads": model["encoder_attention_heads"],
-        "ffn_dim": model["encoder_ffn_dim"],
-        "activation": model["activation_function"],
-        "parameters": results["parameters"],
-        "vocab_size": model["vocab_size"],
-        "sinusoid_layout": model["sinusoid_layout"],
-        "lr_scale": recipe["lr_scale"],
-        "warmup": recipe["warmup_steps"],
-        "label_smoothing": model["label_smoothing"],
-        "dropout": model["dropout"],
-        "max_tokens": recipe["max_tokens"],
-        "accumulation": f", {accumulation} accumulated per update" if accumulation > 1 else "",
-        "steps": training["steps"],
-        "epochs": round(training["epochs"], 1),
-        "train_minutes": round(training["seconds"] / 60, 1),
-        "hardware": results.get("hardware", "unknown hardware"),
-        "averaged": len(results.get("averaged_checkpoints", [])) or 1,
-        "command": results.get("command", ""),
-        "repo_id": repo_id or results.get("repo_id", "path/to/model"),
-        "example_source": _markdown_escape(results["examples"][0]["source"]).replace('"', '\\"')
-        if results.get("examples")
-        else "Hello world.",
-        "examples": examples,
-        "plots": "\n\n".join(f"![{Path(p).stem}]({p})" for p in plots or []),
-    }
-    return TEMPLATE.read_text(encoding="utf-8").format(**values)
-
-
-def write_model_card(folder: str | Path, results: dict, plots: list[str] | None = None) -> Path:
-    path = Path(folder) / "README.md"
-    path.write_text(render_model_card(results, plots=plots), encoding="utf-8")
-    return path
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Publishing a model folder to the Hub
-# ---------------------------------------------------------------------------------------------------------------------
 
 # What a model folder publishes: these files as they are; config.json with the pipeline added; the card rendered for
 # the repository; plots/*.png; the pipeline's code. Training leftovers (checkpoint-*/, the tokenizer/ copy used for
 # resuming) stay home.
-# What `save_pretrained` writes for `trust_remote_code=True`: the configuration, the modeling file and the siblings
-# it imports relatively.
-REMOTE_CODE_FILES = (
-    "configuration_vanilla_transformer.py",
-    "modeling_vanilla_transformer.py",
-    "decoding_vanilla_transformer.py",
-    "inputs_vanilla_transformer.py",
-    "loss_vanilla_transformer.py",
-    "padding_vanilla_transformer.py",
-    "prenorm_vanilla_transformer.py",
-    "tying_vanilla_transformer.py",
-    "cache_vanilla_transformer.py",
-    "precision_vanilla_transformer.py",
-)
 COPIED = (
     "generation_config.json",
     "model.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
+    *TOKENIZER_FILES,
     "results.json",
     "training_log.json",
     *REMOTE_CODE_FILES,
@@ -186,7 +84,7 @@ def stage_for_hub(model_dir: str | Path, staging_dir: str | Path, repo_id: str |
     import json
     import shutil
 
-    from .pipeline_vanilla_transformer import VanillaTranslationPipeline
+    from ..model.pipeline_vanilla_transformer import VanillaTranslationPipeline
 
     model_dir, staging_dir = Path(model_dir), Path(staging_dir)
     if not model_dir.is_dir():

@@ -1,0 +1,3 @@
+"""Benchmarks, package code with a script in front of each: `speed` (this model against MarianMTModel, side by side),
+`deploy` (every export engine on a trained model), `scale` (a WMT-sized corpus through the data pipeline), and the
+timing and memory helpers they share (`measure`). Every figure names its machine (`utils.machine`)."""

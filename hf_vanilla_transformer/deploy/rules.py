@@ -1,0 +1,36 @@
+"""What every export shares: the file that records an export's facts beside the engine's own files, and the model's
+decoding rules as the exports record and apply them (the beams, the length penalty α and its form, early stopping,
+the relative length limit of §6.1)."""
+
+from __future__ import annotations
+
+
+EXPORT_INFO = "hf_vanilla_transformer_export.json"  # what an export holds that the engine's files do not say
+PENALTY_NAMES = {"gnmt": "GNMT's ((5 + |Y|) / 6)^alpha", "hf": "transformers' |Y|^alpha"}
+EARLY_STOPPING = (True, False, "never")
+
+
+def recorded_decoding(generation) -> dict:
+    """The decoding rules of a `GenerationConfig` that the search follows, unset values as generate() reads them
+    (alpha 1.0, transformers' |Y|^alpha penalty, no early stopping)."""
+    return {
+        "num_beams": generation.num_beams,
+        "length_penalty": 1.0 if generation.length_penalty is None else generation.length_penalty,
+        "length_penalty_type": getattr(generation, "length_penalty_type", None) or "hf",
+        "early_stopping": False if generation.early_stopping is None else generation.early_stopping,
+        "relative_max_length": getattr(generation, "relative_max_length", 50),
+    }
+
+
+def decoding_arguments(
+    defaults: dict, num_beams: int | None, length_penalty: float | None, relative_max_length: int | None, batch: int
+) -> tuple[int, float, int]:
+    """An export translator's decoding for one call: each value given, else the export's default (the model's);
+    a bad number of beams or batch size is named."""
+    num_beams = defaults["num_beams"] if num_beams is None else num_beams
+    length_penalty = defaults["length_penalty"] if length_penalty is None else length_penalty
+    relative_max_length = defaults["relative_max_length"] if relative_max_length is None else relative_max_length
+    for name, value in (("num_beams", num_beams), ("max_batch_size", batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is invalid; expected an integer >= 1.")
+    return num_beams, length_penalty, relative_max_length

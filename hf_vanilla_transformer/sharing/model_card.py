@@ -1,0 +1,132 @@
+"""The model card (a model folder's README.md) filled from the run's `results.json`, with the template
+`model_card.md` beside this file (the repository's top-level `model_card.md` is a link to it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+TEMPLATE = Path(__file__).with_name("model_card.md")
+
+DATASET_IDS = {
+    "libreoffice-help": ("libreoffice-help", "the LibreOffice help (Debian packages)"),
+    "libreoffice-ui": ("libreoffice-ui", "the LibreOffice user-interface strings (Debian packages)"),
+    "wmt14": ("wmt/wmt14", "WMT14"),
+}
+
+
+def _markdown_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def trained_with(results: dict) -> dict:
+    """The batch size, accumulation, lr_scale and warmup the run trained with: the plan's (`results["plan"]`), or,
+    in a folder written before the plan held them all, the recipe's as that folder recorded them."""
+    plan, recipe = results.get("plan") or {}, results["recipe"]
+    names = ("max_tokens", "gradient_accumulation_steps", "lr_scale", "warmup_steps")
+    return {name: plan[name] if plan.get(name) is not None else recipe.get(name, 1) for name in names}
+
+
+def render_model_card(results: dict, repo_id: str | None = None, plots: list[str] | None = None) -> str:
+    """The model card (README.md) of a trained model folder, from its `results.json` contents."""
+    values = {
+        **_data_values(results),
+        **_score_values(results),
+        **_model_values(results),
+        **_training_values(results),
+        **_usage_values(results, repo_id, plots),
+    }
+    return TEMPLATE.read_text(encoding="utf-8").format(**values)
+
+
+def _data_values(results: dict) -> dict:
+    data = results["data"]
+    dataset_id, dataset_name = DATASET_IDS.get(data["dataset"], (data["dataset"], data["dataset"]))
+    return {
+        "source_lang": data["source_lang"],
+        "target_lang": data["target_lang"],
+        "license": data.get("license", "mpl-2.0"),
+        "dataset_id": dataset_id,
+        "dataset_name": dataset_name,
+        "dataset_description": data.get("description", dataset_name),
+        "train_pairs": data["train_pairs"],
+        "validation_pairs": data["validation_pairs"],
+    }
+
+
+def _score_values(results: dict) -> dict:
+    test, choice = results["test"], results.get("length_penalty_choice")
+    return {
+        "bleu": round(test["bleu"], 2),
+        "chrf": round(test["chrf"], 2),
+        "tokenized_bleu": round(test.get("tokenized_bleu", float("nan")), 2),
+        "bleu_signature": test["bleu_signature"],
+        "chrf_signature": test["chrf_signature"],
+        "test_pairs": test["pairs"],
+        "test_beams": test["beams"],
+        "length_penalty": f"{test.get('length_penalty', 0.6):g}",
+        "length_penalty_choice": (
+            " (chosen by validation BLEU from "
+            + ", ".join(choice["validation_bleu"])
+            + ", as §6.1 chose α on the development set)"
+            if choice
+            else ""
+        ),
+    }
+
+
+def _model_values(results: dict) -> dict:
+    model = results["model"]
+    return {
+        "model_name": results.get("name", "vanilla-transformer"),
+        "encoder_layers": model["encoder_layers"],
+        "decoder_layers": model["decoder_layers"],
+        "d_model": model["d_model"],
+        "heads": model["encoder_attention_heads"],
+        "ffn_dim": model["encoder_ffn_dim"],
+        "activation": model["activation_function"],
+        "parameters": results["parameters"],
+        "vocab_size": model["vocab_size"],
+        "sinusoid_layout": model["sinusoid_layout"],
+        "label_smoothing": model["label_smoothing"],
+        "dropout": model["dropout"],
+    }
+
+
+def _training_values(results: dict) -> dict:
+    training, trained = results["training"], trained_with(results)
+    accumulation = trained["gradient_accumulation_steps"]
+    return {
+        "lr_scale": trained["lr_scale"],
+        "warmup": trained["warmup_steps"],
+        "max_tokens": trained["max_tokens"],
+        "accumulation": f", {accumulation} accumulated per update" if accumulation > 1 else "",
+        "steps": training["steps"],
+        "epochs": round(training["epochs"], 1),
+        "train_minutes": round(training["seconds"] / 60, 1),
+        "hardware": results.get("hardware", "unknown hardware"),
+        "averaged": len(results.get("averaged_checkpoints", [])) or 1,
+        "command": results.get("command", ""),
+    }
+
+
+def _usage_values(results: dict, repo_id: str | None, plots: list[str] | None) -> dict:
+    examples = "\n".join(
+        f"| {_markdown_escape(e['source'])} | {_markdown_escape(e['translation'])} | {_markdown_escape(e['reference'])} |"
+        for e in results.get("examples", [])
+    )
+    if examples:
+        examples = "| source | translation | reference |\n|---|---|---|\n" + examples
+    first = results["examples"][0]["source"] if results.get("examples") else None
+    return {
+        "repo_id": repo_id or results.get("repo_id", "path/to/model"),
+        "example_source": _markdown_escape(first).replace('"', '\\"') if first else "Hello world.",
+        "examples": examples,
+        "plots": "\n\n".join(f"![{Path(p).stem}]({p})" for p in plots or []),
+    }
+
+
+def write_model_card(folder: str | Path, results: dict, plots: list[str] | None = None) -> Path:
+    path = Path(folder) / "README.md"
+    path.write_text(render_model_card(results, plots=plots), encoding="utf-8")
+    return path

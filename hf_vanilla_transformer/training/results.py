@@ -1,0 +1,135 @@
+"""`results.json`: what a finished run records about itself. `recipe` is what the user asked for, `plan` what the
+plan chose (and whether the deadline stopped the run early), side by side; then the model, the data, the training,
+the test scores and a few translations. The model card is rendered from it (`sharing/model_card.py`)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..utils.machine import describe_machine
+from .checkpoints import checkpoint_step
+from .preparation import PreparedRun
+
+
+@dataclass
+class RunOutcome:
+    """What the run produced after training: the averaged checkpoints, the test scores and texts, the choice of
+    alpha, and its clock (process start, training and decoding seconds, the checkpoint it resumed from)."""
+
+    started: float
+    train_seconds: float
+    resumed_at: str | None = None
+    command: str = ""
+    examples: int = 5
+    averaged: list[Path] = field(default_factory=list)
+    scores: dict = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
+    references: list[str] = field(default_factory=list)
+    hypotheses: list[str] = field(default_factory=list)
+    decode_seconds: float = 0.0
+    length_penalty: float | None = None
+    alpha_choice: dict | None = None
+
+
+def describe_parameters(model) -> str:
+    count = sum(p.numel() for p in model.parameters())
+    return f"{count / 1e6:.2f}M" if count >= 1e5 else f"{count / 1e3:.1f}k"
+
+
+def epochs_for(max_steps: int, trainer) -> float:
+    per_epoch = max(1, math.ceil(len(trainer.batch_sampler) / trainer.args.gradient_accumulation_steps))
+    return max_steps / per_epoch
+
+
+def run_results(run: PreparedRun, model, outcome: RunOutcome) -> dict:
+    """The `results.json` of a finished run (see the module docstring)."""
+    results = {
+        "name": Path(run.args.output_dir).name,
+        "parameters": describe_parameters(model),
+        "model": model.config.to_dict(),
+        "data": _data(run),
+        "recipe": requested(run.recipe, run.args),
+        "training": _training(run, outcome),
+        "plan": {**run.plan.to_dict(), "stopped_early_at": run.budget.stopped_early_at},
+        "averaged_checkpoints": [path.name for path in outcome.averaged],
+        "test": _test(run, outcome),
+        "examples": [
+            {"source": source, "reference": reference, "translation": hypothesis}
+            for source, reference, hypothesis in list(
+                zip(outcome.sources, outcome.references, outcome.hypotheses, strict=True)
+            )[: outcome.examples]
+        ],
+        "hardware": describe_machine(run.trainer.args.device),
+        "command": outcome.command,
+        "wall_seconds": time.time() - outcome.started,
+    }
+    if outcome.alpha_choice:
+        results["length_penalty_choice"] = outcome.alpha_choice
+    return results
+
+
+def requested(recipe, args) -> dict:
+    """What the user asked for (recipe file and flags), before any plan: the sizes, the batch and its choices, the
+    schedule, the precision and attention (`auto` where the plan measures them), the length."""
+    return {
+        "preset": recipe.preset,
+        "preset_choices": recipe.preset_choices,
+        "max_tokens": recipe.max_tokens,
+        "max_tokens_choices": recipe.max_tokens_choices,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "tokens_per_update": recipe.tokens_per_update,
+        "lr_scale": recipe.lr_scale,
+        "peak_learning_rate": recipe.peak_learning_rate,
+        "warmup_steps": args.warmup_steps,
+        "max_length": recipe.max_length,
+        "seed": args.seed,
+        "precision": recipe.precision or ("bf16" if args.bf16 else "fp32"),
+        "attn_implementation": recipe.attn_implementation,
+        "recipe_file": recipe.recipe,
+        "max_minutes": recipe.max_minutes,
+        "max_steps": args.max_steps,
+    }
+
+
+def _data(run: PreparedRun) -> dict:
+    recipe, corpus = run.recipe, run.corpus
+    test = corpus["test"] if "test" in corpus else corpus["validation"]
+    return {
+        "dataset": "local files" if recipe.data_files else recipe.dataset,
+        "source_lang": recipe.source_lang,
+        "target_lang": recipe.target_lang,
+        "train_pairs": len(run.trainer.train_dataset),
+        "validation_pairs": len(corpus["validation"]) if "validation" in corpus else 0,
+        "test_pairs": len(test),
+    }
+
+
+def _training(run: PreparedRun, outcome: RunOutcome) -> dict:
+    trainer = run.trainer
+    steps = trainer.state.global_step
+    trained = steps - (checkpoint_step(outcome.resumed_at) if outcome.resumed_at else 0)
+    return {
+        "steps": steps,
+        "epochs": epochs_for(steps, trainer),
+        "seconds": outcome.train_seconds,
+        "seconds_per_update": outcome.train_seconds / max(1, trained),
+        "final_loss": next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
+    }
+
+
+def _test(run: PreparedRun, outcome: RunOutcome) -> dict:
+    scores = outcome.scores
+    return {
+        "bleu": scores["score"],
+        "bleu_signature": scores["signature"],
+        "chrf": scores["chrf"],
+        "chrf_signature": scores["chrf_signature"],
+        "tokenized_bleu": scores.get("tokenized_bleu"),
+        "pairs": len(outcome.sources),
+        "beams": run.recipe.test_beams,
+        "decode_seconds": outcome.decode_seconds,
+        "length_penalty": outcome.length_penalty,
+    }

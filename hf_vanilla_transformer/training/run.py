@@ -1,0 +1,132 @@
+"""A whole training run, as `scripts/train.py` and `scripts/main.py` start it: prepare (corpus, tokenizer, model, plan,
+Trainer), train, average the last checkpoints (§6.1), choose the GNMT α on the validation split, translate the test
+split with the paper's beam search, and leave a complete model folder with `results.json`, plots and a model card.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from ..evaluation.length_penalty import choose_alpha
+from ..evaluation.translation import evaluate_translations
+from ..sharing.model_card import write_model_card
+from ..sharing.plots import write_run_plots
+from ..utils.distributed import main_process_value
+from ..utils.files import write_json_atomically
+from .arguments import ModelDataArguments, TransformerTrainingArguments
+from .averaging import average_last_checkpoints
+from .checkpoints import latest_checkpoint, validate_checkpoint
+from .preparation import PreparedRun, prepare_run
+from .results import RunOutcome, run_results
+
+
+logger = logging.getLogger(__name__)
+
+
+def process_start_time() -> float:
+    """When this process started (time.time() scale), or now where that cannot be read."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # psutil missing or the platform does not say
+        return time.time()
+
+
+def plot_sentence(sources: list[str]) -> str:
+    """A test sentence of readable length (6-20 words) for the attention maps; else the first one."""
+    return next((text for text in sources if 6 <= len(text.split()) <= 20), sources[0])
+
+
+def train_and_evaluate(
+    recipe: ModelDataArguments, args: TransformerTrainingArguments, command: str = "", examples: int = 5
+) -> dict | None:
+    """Train, average the last checkpoints, evaluate on the test split with beam search, and leave a complete model
+    folder in `args.output_dir`: weights, config, generation config, tokenizer, remote-code files, `results.json`,
+    `training_log.json`, plots and a `README.md` model card. Resumes from the newest complete checkpoint of the
+    folder. Under several processes all of them train; the main process does the rest and returns the results,
+    the others return None.
+    """
+    results = _train_and_evaluate(recipe, args, command, examples)
+    leave_process_group()  # after the trainer is gone: see leave_process_group
+    return results
+
+
+def _train_and_evaluate(
+    recipe: ModelDataArguments, args: TransformerTrainingArguments, command: str, examples: int
+) -> dict | None:
+    started = process_start_time()  # a budget counts the whole run, interpreter start-up included
+    # The main process picks the checkpoint to resume from and every process takes the same one (on several
+    # machines, output_dir must be storage they share: only the main process writes checkpoints).
+    resume = main_process_value(args.resume_from_checkpoint or latest_checkpoint(args.output_dir))
+    if resume:
+        validate_checkpoint(resume)
+        logger.info("resuming from %s", resume)
+    run = prepare_run(recipe, args, resume=resume, started=started)
+    if args.should_save:
+        print(f"Plan: {run.plan.summary()}.", flush=True)
+    train_started = time.time()
+    run.trainer.train(resume_from_checkpoint=resume)
+    train_seconds = time.time() - train_started
+    if not args.should_save:
+        # Averaging, the test decoding and the model folder are the main process's work; the others are done.
+        return None
+    outcome = RunOutcome(started, train_seconds, resumed_at=resume, command=command, examples=examples)
+    return finish_run(run, outcome)
+
+
+def finish_run(run: PreparedRun, outcome: RunOutcome) -> dict:
+    """The main process's work after training: average, choose alpha, score the test split, write the folder."""
+    recipe, trainer, output_dir = run.recipe, run.trainer, Path(run.args.output_dir)
+    # 1. Average the last checkpoints into the model folder (§6.1).
+    model, outcome.averaged = average_last_checkpoints(
+        output_dir,
+        output_dir,
+        last=recipe.average_last,
+        window=recipe.average_window,
+        log_history=trainer.state.log_history,
+    )
+    run.tokenizer.save_pretrained(output_dir)
+    model.to(trainer.args.device)
+
+    # 2. The GNMT alpha of the beam search, chosen on the validation pairs where the recipe asks for it (§6.1).
+    decode_started = time.time()
+    outcome.alpha_choice = choose_alpha(recipe, model, run.tokenizer, run.corpus, output_dir)
+
+    # 3. Test BLEU with the paper's beam search.
+    test = run.corpus["test"] if "test" in run.corpus else run.corpus["validation"]
+    outcome.sources, outcome.references = list(test["source"]), list(test["target"])
+    outcome.scores, outcome.hypotheses = evaluate_translations(
+        model, run.tokenizer, outcome.sources, outcome.references, num_beams=recipe.test_beams
+    )
+    outcome.decode_seconds = time.time() - decode_started
+    outcome.length_penalty = model.generation_config.length_penalty
+
+    # 4. Results, log, plots and card.
+    results = run_results(run, model, outcome)
+    log = trainer.state.log_history
+    write_json_atomically(output_dir / "training_log.json", {"log_history": log})
+    write_json_atomically(output_dir / "results.json", results)
+    plots = write_run_plots(model, run.tokenizer, log, output_dir / "plots", plot_sentence(outcome.sources))
+    write_model_card(output_dir, results, plots=[str(path.relative_to(output_dir)) for path in plots])
+    return results
+
+
+def leave_process_group() -> None:
+    """End this process's part in a multi-process launch (nothing to do in a single process). Call it once the
+    run's trainer is unreachable.
+
+    The order matters under gloo: a DDP reducer keeps a reference to the process group, and if the reducer drops
+    the last one, the group's destructor runs with the GIL held and joins gloo's worker threads, which may be
+    waiting for the GIL to free the tensors of the last collective (Trainer's final all-gather): a hang, or an
+    abort when it happens at interpreter exit. So the trainer goes first (collected here), then the group, whose
+    last reference is dropped from Python, whose binding releases the GIL while the threads stop.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gc.collect()
+        torch.distributed.destroy_process_group()

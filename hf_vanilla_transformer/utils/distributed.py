@@ -1,0 +1,29 @@
+"""Decisions the main process takes for every process of a launch, so that all of them act at the same update
+(save, stop) or on the same value (the checkpoint to resume from, the run's plan). In a single process each is the
+identity."""
+
+from __future__ import annotations
+
+import torch
+
+
+def is_distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def main_process_decides(flag: bool, args=None) -> bool:
+    """The main process's `flag`, in every process (a collective: every process must call it at the same point);
+    `args` (TrainingArguments) names the device the collective runs on."""
+    if not is_distributed():
+        return flag
+    tensor = torch.tensor([int(flag)], device=args.device if args is not None else "cpu")
+    torch.distributed.broadcast(tensor, src=0)
+    return bool(tensor.item())
+
+
+def main_process_value(value):
+    """The main process's `value` (any picklable object), in every process (a collective, as above). Through
+    accelerate's `PartialState`, which joins the launch's process group if nothing has yet."""
+    from accelerate.utils import broadcast_object_list
+
+    return broadcast_object_list([value])[0]

@@ -1,0 +1,68 @@
+"""The machine a run or a benchmark ran on, in one place: the CPU's name and matrix units, the accelerator, the peak
+memory of this process. Every figure this package writes names its machine through `describe_machine()`."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+from pathlib import Path
+
+import torch
+
+
+# The CPU extensions that decide what runs fast: AVX2 / AVX-512 for fp32, AVX512-BF16 and AMX for bf16 autocast.
+EXTENSIONS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def cpu_name() -> str:
+    """The CPU's `model name` (Linux), else what `platform` says."""
+    lines = _cpuinfo()
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None)
+    return name or platform.processor() or platform.machine()
+
+
+def cpu_extensions() -> list[str]:
+    """Which of `EXTENSIONS` the CPU has (empty where /proc/cpuinfo cannot be read)."""
+    flags = next((line.split(":", 1)[1].split() for line in _cpuinfo() if line.startswith("flags")), [])
+    return [flag for flag in EXTENSIONS if flag in flags]
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True on CPUs with native bf16 matrix units (AMX or AVX512-BF16), where bf16 autocast may speed training up."""
+    extensions = cpu_extensions()
+    return "amx_bf16" in extensions or "avx512_bf16" in extensions
+
+
+def describe_cpu() -> str:
+    """The CPU's name and the matrix extensions that decide what runs fast on it."""
+    return f"{cpu_name()} ({', '.join(cpu_extensions()) or 'no AVX2'})"
+
+
+def describe_machine(device: str | torch.device | None = None) -> str:
+    """One line naming where this runs: the GPUs (count and name) when `device` is CUDA (None: where CUDA is
+    available), else the CPU, its extensions, its cores and the threads PyTorch uses."""
+    kind = torch.device(device).type if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind == "cuda":
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    return f"{describe_cpu()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far."""
+    try:  # Linux: the high-water mark of this process's own memory (ru_maxrss survives exec, so a spawned child
+        # would report its parent's peak when that was higher)
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
