@@ -99,3 +99,74 @@ def test_bad_arguments_are_named():
         TokenBudgetBatchSampler([1, 2], [1], max_tokens=10)
     with pytest.raises(ValueError, match="empty dataset"):
         TokenBudgetBatchSampler([], [], max_tokens=10)
+
+
+# The batches of the pair-by-pair rule this sampler replaced (recorded from it, seed 5): the vectorised sampler must
+# serve exactly these, in this order, epoch after epoch.
+PINNED_SOURCES = [2, 2, 9, 6, 7, 7, 8, 1, 6, 2, 5, 11, 7, 1, 6, 2, 9, 11, 11, 7, 10, 5, 2, 6]
+PINNED_TARGETS = [2, 3, 12, 4, 9, 4, 7, 3, 4, 3, 5, 11, 10, 3, 8, 2, 12, 14, 8, 5, 9, 5, 4, 6]
+PINNED_EPOCHS = [
+    [[11], [17], [3, 8, 23], [16], [19, 4], [2], [12, 6], [14, 5], [7, 13, 15, 0, 9, 1], [20], [18], [22, 10, 21]],
+    [[14, 5], [17], [20], [18], [7, 13, 15, 0, 9, 1], [2], [8, 3, 23], [19, 4], [22, 21, 10], [16], [12, 6], [11]],
+]
+PINNED_UNSHUFFLED = [
+    [7, 13, 0],
+    [15, 1, 9],
+    [22, 10, 21],
+    [3, 8, 23],
+    [14, 5],
+    [19, 4],
+    [12, 6],
+    [2],
+    [16],
+    [20],
+    [18],
+    [11],
+    [17],
+]
+
+
+def test_the_batches_of_a_seed_are_those_the_pair_by_pair_rule_served():
+    sampler = TokenBudgetBatchSampler(PINNED_SOURCES, PINNED_TARGETS, max_tokens=20, seed=5)
+    for epoch, expected in enumerate(PINNED_EPOCHS):
+        sampler.set_epoch(epoch)
+        assert list(sampler) == expected
+    unshuffled = TokenBudgetBatchSampler(
+        PINNED_SOURCES, PINNED_TARGETS, max_tokens=20, seed=5, shuffle=False, max_sentences=3
+    )
+    assert list(unshuffled) == PINNED_UNSHUFFLED
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "max_sentences", "epoch", "count", "digest", "padded"),
+    [
+        (1024, None, 0, 1342, "58ca8d7ac940aaf9", 1861.8621),
+        (1024, None, 4, 1342, "8bd2914c609a8741", 1861.8621),
+        (4096, 64, 0, 400, "38c50123ed992472", 6430.9325),
+        (4096, 64, 4, 400, "8a3677dc657a7e0d", 6430.9325),
+    ],
+)
+def test_20000_pairs_give_the_pinned_batches(max_tokens, max_sentences, epoch, count, digest, padded):
+    """20,000 pairs of 1-120 tokens with an overlong one: the digest of the pair-by-pair rule's batches."""
+    import hashlib
+    import json
+
+    rng = np.random.default_rng(7)
+    source = rng.integers(1, 120, 20000)
+    target = np.clip(source + rng.integers(-10, 15, 20000), 1, 300)
+    source[5] = 5000
+    sampler = TokenBudgetBatchSampler(source, target, max_tokens=max_tokens, seed=3, max_sentences=max_sentences)
+    sampler.set_epoch(epoch)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == count
+    assert hashlib.sha256(json.dumps(batches).encode()).hexdigest()[:16] == digest
+    assert round(sampler.tokens_per_batch(), 4) == padded
+
+
+def test_the_calibration_spread_is_chosen_without_building_the_epoch():
+    from hf_vanilla_transformer.training.calibration import calibration_batches
+
+    source, target = lengths(3000, seed=3)
+    sampler = TokenBudgetBatchSampler(source, target, max_tokens=600, seed=4)
+    for count in (1, 5, 12, 10**6):
+        assert sampler.spread(count) == calibration_batches(list(sampler), count)

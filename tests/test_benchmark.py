@@ -101,3 +101,33 @@ def test_matrix_products_floor_runs_exactly_the_products_of_generate(beams):
         make_matrix_products(ours, inputs, beams, options)()
     assert len(in_generate.calls) > 5 * ours.config.decoder_layers * 8  # not a vacuous comparison
     assert sorted(in_floor.calls) == sorted(in_generate.calls)
+
+
+@pytest.mark.slow
+def test_the_scale_benchmark_prepares_a_corpus_once_and_reads_it_back(tmp_path):
+    """The scale benchmark end to end on a small synthetic corpus: a cold run that reads, learns the BPE and
+    tokenizes, a warm run that reads all of it from the cache, the batch sampler alone, and the table."""
+    from hf_vanilla_transformer.benchmarks.scale import ScaleBenchmarkConfig, run_scale_benchmark, scale_table
+
+    options = ScaleBenchmarkConfig(
+        pairs=[3000],
+        work_dir=str(tmp_path),
+        preset="tiny",
+        vocab_size=500,
+        max_steps=2,
+        launch=False,
+        batch_pairs=50_000,
+        held_out_pairs=20,
+    )
+    results = run_scale_benchmark(options)
+    assert len((tmp_path / "corpora" / "train-3000.tsv").read_text(encoding="utf-8").splitlines()) == 3000
+    runs = results["corpora"]["3000"]
+    (cold,), (warm,) = runs["cold"]["processes"], runs["warm"]["processes"]
+    assert cold["stages"]["tokenize"]["tokenized_here"] and not warm["stages"]["tokenize"]["tokenized_here"]
+    assert cold["stages"]["tokenize"]["pairs"] == warm["stages"]["tokenize"]["pairs"] > 2900
+    for setup in (cold, warm):
+        assert setup["stages"]["first update"]["since_start_seconds"] > 0
+        assert all(stage.get("peak_rss_bytes", 0) > 0 for stage in setup["stages"].values())
+    assert results["batches"]["pairs"] == 50_000 and results["batches"]["batches"] > 0
+    table = scale_table(results)
+    assert "| 3,000 | cold |" in table and "| 3,000 | warm |" in table and "Batches of 50,000 pairs" in table

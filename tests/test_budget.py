@@ -25,11 +25,10 @@ from hf_vanilla_transformer.training.arguments import (
 )
 from hf_vanilla_transformer.training.averaging import choose_checkpoints, validation_losses
 from hf_vanilla_transformer.training.calibration import calibration_batches, measure_updates
-from hf_vanilla_transformer.training.callbacks import TimeBudgetCallback
+from hf_vanilla_transformer.training.callbacks import TimeBudgetCallback, recorded_plan
 from hf_vanilla_transformer.training.planning import (
     BudgetPlan,
     decode_seconds,
-    recorded_plan,
     schedule_for,
     spacing_for,
     updates_that_fit,
@@ -37,6 +36,13 @@ from hf_vanilla_transformer.training.planning import (
 )
 from hf_vanilla_transformer.training.preparation import build_model, prepare_run
 from hf_vanilla_transformer.training.recipes import parse_arguments, read_recipe
+from hf_vanilla_transformer.training.replanning import (
+    WARM_UPDATES,
+    RefitRules,
+    UpdateMeter,
+    predicted_decode_seconds,
+    refit,
+)
 
 from conftest import FIXTURES, ROOT, random_ids, tiny_model
 
@@ -395,3 +401,124 @@ def test_the_train_script_ends_a_bad_recipe_or_data_file_with_one_line(tmp_path)
         assert result.returncode == 1, result.stderr[-2000:]
         last = result.stderr.strip().splitlines()[-1]
         assert last.startswith(expected) and "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Re-planning from the run's own updates
+# ---------------------------------------------------------------------------------------------------------------------
+
+REFIT_RULES = RefitRules(
+    checkpoints_per_run=12,
+    evaluations_per_run=6,
+    save_steps=1000,
+    eval_steps=None,
+    validates=True,
+    max_updates=None,
+    first_check=125,
+    validation_pairs=200,
+    test_sentences=1152 + 3 * 200,  # the test pairs, and the validation pairs once per alpha
+    test_beams=4,
+)
+PLANNED = {"max_steps": 3101, "warmup_steps": 1000, "save_steps": 259, "eval_steps": 518}
+
+
+def test_the_refit_length_pays_for_the_checkpoints_and_validations_still_to_come():
+    # 1,200 s left after update 125 at 0.27 s per update, 97% of it usable; 12 checkpoints of 1 s and 6 validations
+    # of 20 s per run, 96.8% of them still to come: 125 + (1164 - 127.8) / 0.27 = 3,962 updates.
+    refit_plan = refit(PLANNED, REFIT_RULES, 125, 0.27, 1200.0, 1.0, 20.0)
+    assert refit_plan == {"max_steps": 3962, "warmup_steps": 1000, "save_steps": 331, "eval_steps": 662}
+    # Slower than planned: shorter, the same number of checkpoints and validations per run, the warmup kept.
+    assert refit(PLANNED, REFIT_RULES, 125, 0.5, 1200.0, 1.0, 20.0) == {
+        "max_steps": 2203,
+        "warmup_steps": 1000,
+        "save_steps": 184,
+        "eval_steps": 368,
+    }
+    # The epoch cap holds; a run out of time ends at the next update (the deadline stops it there).
+    assert (
+        refit(PLANNED, dataclasses.replace(REFIT_RULES, max_updates=3500), 125, 0.27, 1200.0, 1.0, 20.0)["max_steps"]
+        == 3500
+    )
+    assert refit(PLANNED, REFIT_RULES, 2000, 0.27, -5.0, 1.0, 20.0)["max_steps"] == 2001
+    with pytest.raises(ValueError, match="seconds_per_update=0"):
+        refit(PLANNED, REFIT_RULES, 125, 0.0, 1200.0, 1.0, 20.0)
+
+
+def test_the_averaging_window_follows_a_refit_length(tmp_path):
+    # Checkpoints at the refit spacing (331) over 3,962 updates: the last third of the run is averaged.
+    steps = [*range(331, 3962, 331), 3962]
+    folders = [tmp_path / f"checkpoint-{step}" for step in steps]
+    assert [f.name for f in choose_checkpoints(folders, last=5, window=1 / 3)] == [
+        "checkpoint-2648",
+        "checkpoint-2979",
+        "checkpoint-3310",
+        "checkpoint-3641",
+        "checkpoint-3962",
+    ]
+
+
+def test_the_test_decoding_is_predicted_from_a_validations_decoding_speed():
+    # A 12 s validation of 200 pairs at 0.3 s per update: 0.094 s of loss batches, 0.0595 s per greedy sentence;
+    # 1,752 sentences with 4 beams at 140/90 the cost of a greedy one.
+    assert predicted_decode_seconds(REFIT_RULES, 12.0, 0.3) == pytest.approx(162.2425)
+    greedy = dataclasses.replace(REFIT_RULES, test_beams=1)
+    assert predicted_decode_seconds(greedy, 12.0, 0.3) == pytest.approx(1752 * (12 - 0.09375) / 200)
+
+
+def test_the_meter_counts_training_time_apart_from_warm_updates_validations_and_checkpoints():
+    clock = [0.0]
+    meter = UpdateMeter(clock=lambda: clock[0])
+    meter.start(100)  # a resumed run: its first updates warm up
+    for step in range(101, 121):
+        clock[0] += 2.0 if step <= 100 + WARM_UPDATES else 0.5
+        meter.step(step)
+        if step == 110:
+            clock[0] += 30.0
+            assert meter.pause("validation") == 30.0
+            clock[0] += 4.0
+            assert meter.pause("checkpoint") == 4.0
+    assert meter.updates == 15 and meter.seconds_per_update == pytest.approx(0.5)
+    assert meter.typical_pause("validation", 99.0) == 30.0 and meter.typical_pause("checkpoint", 99.0) == 4.0
+    assert UpdateMeter().typical_pause("checkpoint", 7.5) == 7.5
+
+
+def test_the_budget_callback_replans_after_its_first_updates_and_after_each_validation(monkeypatch, tmp_path):
+    from transformers import TrainingArguments
+
+    from hf_vanilla_transformer.training import callbacks as callbacks_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(callbacks_module.time, "monotonic", lambda: clock[0])
+    plan = {
+        **PLANNED,
+        "seconds_per_update": 0.41,
+        "predicted_decode_seconds": 80.0,
+        "validation_seconds": 20.0,
+        "checkpoint_seconds": 1.0,
+    }
+    callback = TimeBudgetCallback(plan, deadline_seconds=1400.0, rules=REFIT_RULES)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    state, control = TrainerState(max_steps=12404, global_step=0), TrainerControl()
+    callback.on_train_begin(args, state, control)
+    assert (state.max_steps, state.save_steps, state.eval_steps) == (3101, 259, 518)  # the plan's, not the bound
+    for step in range(1, 126):  # 0.27 s per update where 0.41 was planned
+        clock[0] += 0.27
+        state.global_step = step
+        callback.on_step_end(args, state, control)
+    first = callback.plan["replans"][0]
+    assert first["at"] == 125 and first["was"] == 3101 and first["seconds_per_update"] == pytest.approx(0.27)
+    assert state.max_steps == callback.plan["max_steps"] == first["max_steps"] > 4000
+    assert state.save_steps == callback.plan["save_steps"] and callback.plan["warmup_steps"] == 1000
+    assert json.loads((tmp_path / "budget.json").read_text())["max_steps"] == state.max_steps  # recorded
+    # A validation that decodes slower than planned: the test decoding is predicted longer, the run shorter.
+    clock[0] += 60.0
+    callback.on_evaluate(args, state, control)
+    assert callback.plan["predicted_decode_seconds"] > 80.0
+    assert callback.plan["replans"][-1]["after"] == "the validation at update 125"
+    assert state.max_steps < first["max_steps"]
+    # What a checkpoint carries back: a resumed run keeps the length, with no deadline and no re-planning.
+    resumed = TimeBudgetCallback(**callback.state()["args"])
+    assert resumed.rules is None and resumed.deadline is None
+    fresh = TrainerState(max_steps=12404, global_step=600)
+    resumed.on_train_begin(args, fresh, TrainerControl())
+    assert fresh.max_steps == state.max_steps

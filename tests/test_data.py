@@ -8,7 +8,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from datasets import Dataset
+from datasets import Dataset, DatasetDict
 
 from hf_vanilla_transformer.data import corpora, libreoffice
 from hf_vanilla_transformer.data.corpora import read_parallel_file, wmt_to_pairs
@@ -248,3 +248,91 @@ def test_real_debian_fetch_builds_the_en_de_corpus(tmp_path):
     assert not set(corpus["test"]["source"]) & set(corpus["train"]["source"])
     again = libreoffice.libreoffice_help_corpus("en", "de", cache_dir=tmp_path)  # from the on-disk cache
     assert list(again["test"]["source"]) == list(corpus["test"]["source"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# WMT14 offline, the corpus cache, held-out splits
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def wmt14_tree(folder, pair: str = "de-en") -> None:
+    """A tiny copy of the Hub's wmt/wmt14 in its layout and schema: <pair>/<split>-0000x-of-0000n.parquet with one
+    column `translation: struct<de: string, en: string>` (training split in two shards)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.struct([("de", pa.string()), ("en", pa.string())])
+    rows = {
+        "train-00000-of-00002": [("Hallo", "Hello"), ("Welt", "World")],
+        "train-00001-of-00002": [("Datei", "File")],
+        "validation-00000-of-00001": [("Öffnen", "Open")],
+        "test-00000-of-00001": [("Speichern Sie.", "Save it."), ("Schließen", "Close")],
+    }
+    (folder / pair).mkdir(parents=True)
+    for name, pairs in rows.items():
+        column = pa.array([{"de": de, "en": en} for de, en in pairs], type=schema)
+        pq.write_table(pa.table({"translation": column}), folder / pair / f"{name}.parquet")
+
+
+def test_wmt14_reads_a_local_copy_of_the_hubs_parquet_files_offline_in_both_directions(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    wmt14_tree(tmp_path / "wmt14")
+    en_de = corpora.wmt14_corpus("en", "de", tmp_path / "wmt14", cache_dir=tmp_path / "cache")
+    assert {split: len(en_de[split]) for split in en_de} == {"train": 3, "validation": 1, "test": 2}
+    assert en_de["train"]["source"] == ["Hello", "World", "File"] and en_de["test"]["target"][0] == "Speichern Sie."
+    de_en = corpora.load_corpus("wmt14", "de", "en", cache_dir=tmp_path / "cache", wmt14_dir=tmp_path / "wmt14")
+    assert de_en["validation"][0] == {"source": "Öffnen", "target": "Open"}
+    # The columns of the memory-mapped Arrow files the first load wrote: a second load reads them, converting nothing.
+    files = {entry["filename"] for entry in en_de["train"].cache_files}
+    assert files and all(name.startswith(str(tmp_path / "cache")) for name in files)
+    loads = []
+    original = datasets.load_dataset
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: loads.append(a) or original(*a, **k))
+    again = corpora.wmt14_corpus("en", "de", tmp_path / "wmt14", cache_dir=tmp_path / "cache")
+    assert {entry["filename"] for entry in again["train"].cache_files} == files and len(loads) == 1
+    with pytest.raises(ValueError, match=r"wmt14_dir=.* holds no train, validation, test parquet files for fr-en"):
+        corpora.wmt14_corpus("en", "fr", tmp_path / "wmt14", cache_dir=tmp_path / "cache")
+
+
+def test_local_files_are_read_into_arrow_once_under_a_key_of_their_content(tmp_path):
+    (tmp_path / "a.tsv").write_text("Hello\tHallo\nWorld\tWelt\n", encoding="utf-8")
+    first = corpora.parallel_files_corpus(str(tmp_path / "a.tsv"), cache_dir=tmp_path / "cache")
+    (path,) = {entry["filename"] for entry in first["train"].cache_files}
+    assert first["train"]["target"] == ["Hallo", "Welt"] and path.startswith(str(tmp_path / "cache" / "corpora"))
+    # The same bytes elsewhere: the same cache entry; one changed byte: another.
+    (tmp_path / "b.tsv").write_bytes((tmp_path / "a.tsv").read_bytes())
+    copy = corpora.parallel_files_corpus(str(tmp_path / "b.tsv"), cache_dir=tmp_path / "cache")
+    assert copy["train"].cache_files[0]["filename"] != path  # the file's name is part of what was asked
+    (tmp_path / "a.tsv").write_text("Hello\tHallo\nWorld\tWelt!\n", encoding="utf-8")
+    changed = corpora.parallel_files_corpus(str(tmp_path / "a.tsv"), cache_dir=tmp_path / "cache")
+    assert changed["train"]["target"] == ["Hallo", "Welt!"] and changed["train"].cache_files[0]["filename"] != path
+    # A bad line still names the file and the line, before anything is cached.
+    (tmp_path / "bad.tsv").write_text("fine\tgut\nbroken\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad.tsv:2 has 1 tab-separated fields"):
+        corpora.parallel_files_corpus(str(tmp_path / "bad.tsv"), cache_dir=tmp_path / "cache")
+    (tmp_path / "latin1.tsv").write_bytes("Gr\xfc\xdfe\tx\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.tsv:1 is not UTF-8 text \(byte 0xfc"):
+        corpora.parallel_files_corpus(str(tmp_path / "latin1.tsv"), cache_dir=tmp_path / "cache")
+    assert not list((tmp_path / "cache" / "corpora").glob("*.tmp-*"))  # nothing half-written looks complete
+    assert len(list((tmp_path / "cache" / "corpora").iterdir())) == 3
+
+
+def test_held_out_pairs_are_carved_from_a_lone_training_file_with_a_fixed_seed():
+    train = Dataset.from_dict({"source": [f"s{i}" for i in range(100)], "target": [f"t{i}" for i in range(100)]})
+    corpus = corpora.hold_out(DatasetDict({"train": train}), pairs=1000, fraction=0.05)
+    sizes = {split: len(corpus[split]) for split in ("train", "validation", "test")}
+    assert sizes == {"train": 90, "validation": 5, "test": 5}  # 5% each: 1,000 is more than a small file allows
+    held = set(corpus["validation"]["source"]) | set(corpus["test"]["source"])
+    assert len(held) == 10 and not held & set(corpus["train"]["source"])
+    # Fixed pairs whatever the run: numpy's generator seeded 0 draws these.
+    assert list(corpus["validation"]["source"]) == ["s25", "s47", "s58", "s77", "s81"]
+    assert list(corpus["test"]["source"]) == ["s1", "s3", "s7", "s17", "s29"]
+    # A corpus with its own held-out splits is left alone; a given validation file keeps only the test to carve.
+    given = DatasetDict({"train": train, "validation": train.select(range(3)), "test": train.select(range(2))})
+    assert corpora.hold_out(given) is given
+    partial = corpora.hold_out(DatasetDict({"train": train, "validation": train.select(range(3))}))
+    assert len(partial["validation"]) == 3 and len(partial["test"]) == 5 and len(partial["train"]) == 95
+    with pytest.raises(CorpusError, match="3 pairs: too few to hold out validation and test"):
+        corpora.hold_out(DatasetDict({"train": train.select(range(3))}))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -540,7 +541,9 @@ def test_head_sizes_other_than_d_model_over_h():
 
 
 def test_initialisation_follows_the_reference_implementations():
-    config = tiny_config(d_model=256, encoder_ffn_dim=1024, decoder_ffn_dim=1024, vocab_size=5000)
+    config = tiny_config(
+        d_model=256, encoder_ffn_dim=1024, decoder_ffn_dim=1024, vocab_size=5000, initialization="xavier"
+    )
     torch.manual_seed(0)
     model = VanillaTransformerForConditionalGeneration(config)
     assert model.model.shared.weight.std().item() == pytest.approx(256**-0.5, rel=0.02)
@@ -550,6 +553,55 @@ def test_initialisation_follows_the_reference_implementations():
     fc1 = model.model.encoder.layers[0].ffn.fc1.weight
     assert fc1.std().item() == pytest.approx(math.sqrt(2 / (256 + 1024)), rel=0.05)
     assert model.model.encoder.layers[0].ffn.fc1.bias.abs().max() == 0
+
+
+def test_the_normal_initialisation_draws_every_projection_and_the_embedding_from_n_0_002():
+    config = tiny_config(
+        d_model=256, encoder_ffn_dim=1024, decoder_ffn_dim=1024, vocab_size=5000, initialization="normal"
+    )
+    torch.manual_seed(0)
+    model = VanillaTransformerForConditionalGeneration(config)
+    layer = model.model.decoder.layers[0]
+    for weight in (
+        model.model.shared.weight,
+        layer.self_attn.q_proj.weight,
+        layer.encoder_attn.v_proj.weight,
+        layer.ffn.fc1.weight,
+        layer.ffn.fc2.weight,
+    ):
+        values = weight.detach().flatten().double()
+        assert values.mean().item() == pytest.approx(0.0, abs=1e-3)
+        assert values.std().item() == pytest.approx(0.02, rel=0.02)
+        # A normal draw, not a uniform one: its fourth moment is 3 sigma^4 (a uniform's is 1.8 sigma^4).
+        assert (values**4).mean().item() / values.var().item() ** 2 == pytest.approx(3.0, rel=0.05)
+    assert layer.ffn.fc1.bias.abs().max() == 0 and layer.final_layer_norm.weight.min() == 1
+    assert model.lm_head.weight is model.model.shared.weight  # still the one matrix
+    # init_std sets the deviation of every draw.
+    torch.manual_seed(0)
+    wider = VanillaTransformerForConditionalGeneration(
+        tiny_config(
+            d_model=256,
+            encoder_ffn_dim=1024,
+            decoder_ffn_dim=1024,
+            vocab_size=5000,
+            initialization="normal",
+            init_std=0.05,
+        )
+    )
+    assert wider.model.encoder.layers[0].ffn.fc2.weight.std().item() == pytest.approx(0.05, rel=0.02)
+    with pytest.raises(ValueError, match="initialization='he' is invalid; expected one of"):
+        tiny_config(initialization="he")
+
+
+def test_a_folder_saved_before_the_initialization_setting_loads_the_same_weights(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["initialization"]  # as every folder written before the setting existed
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    loaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path)
+    for (name, value), expected in zip(loaded.state_dict().items(), model.state_dict().values(), strict=True):
+        assert torch.equal(value, expected), name
 
 
 def test_training_mode_projects_only_labelled_positions_with_the_same_loss_and_gradients(monkeypatch):

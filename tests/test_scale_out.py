@@ -310,7 +310,8 @@ def test_mixed_precision_training_on_gpu_learns(tmp_path, precision):
 @pytest.mark.slow
 def test_the_train_script_under_two_processes_leaves_one_complete_model_folder(tmp_path):
     """Both processes train; the main one alone averages, evaluates and writes the folder (no race on its files,
-    no process waiting for checkpoints it cannot see), and both exit cleanly."""
+    no process waiting for checkpoints it cannot see), and both exit cleanly. The data is prepared once for the
+    machine: the corpus read, the BPE learned and the training split tokenized by one process, read by the other."""
     fixture_40 = str(FIXTURES / "libreoffice_help_en_de_test_40.tsv")
     command = [
         *launcher("single_node_multi_gpu.yaml"),
@@ -318,7 +319,7 @@ def test_the_train_script_under_two_processes_leaves_one_complete_model_folder(t
         *("--preset", "tiny", "--max_steps", "8", "--save_steps", "4", "--output_dir", str(tmp_path / "run")),
         *("--data_files", FIXTURE, "--validation_files", fixture_40, "--test_files", fixture_40),
         *("--vocab_size", "500", "--max_tokens", "300", "--average_last", "2", "--average_window", "0.5"),
-        *("--test_beams", "1"),
+        *("--test_beams", "1", "--data_cache_dir", str(tmp_path / "cache")),
         *("--disable_tqdm", "true", "--use_cpu", "true"),
     ]
     result = subprocess.run(
@@ -329,3 +330,9 @@ def test_the_train_script_under_two_processes_leaves_one_complete_model_folder(t
     assert results["averaged_checkpoints"] == ["checkpoint-4", "checkpoint-8"]
     assert results["test"]["pairs"] == 40
     assert result.stdout.count("test sacreBLEU") == 1  # printed by the main process only
+    setups = [json.loads((tmp_path / "run" / f"setup-rank{rank}.json").read_text())["stages"] for rank in (0, 1)]
+    assert [setup["tokenize"]["tokenized_here"] for setup in setups] == [True, False]
+    assert setups[0]["tokenize"]["pairs"] == setups[1]["tokenize"]["pairs"] > 0
+    assert all(setup["first update"]["since_start_seconds"] > 0 for setup in setups)
+    for kind in ("corpora", "tokenizers", "tokenized"):  # one of each in the machine's cache
+        assert len(list((tmp_path / "cache" / kind).iterdir())) == 1, kind

@@ -7,12 +7,8 @@ from datasets import Dataset, DatasetDict
 
 from hf_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla_transformer.data.corpora import read_parallel_file
-from hf_vanilla_transformer.data.tokenizer import (
-    check_special_tokens,
-    corpus_texts,
-    tokenize_corpus,
-    train_bpe_tokenizer,
-)
+from hf_vanilla_transformer.data.preparation import tokenize_corpus
+from hf_vanilla_transformer.data.tokenizer import check_special_tokens, corpus_texts, train_bpe_tokenizer
 
 from conftest import FIXTURES
 
@@ -82,3 +78,55 @@ def test_save_and_reload(tokenizer, tmp_path):
 def test_too_small_a_vocabulary_is_refused(pairs):
     with pytest.raises(ValueError, match="vocab_size=100 is too small"):
         train_bpe_tokenizer(corpus_texts(pairs), vocab_size=100)
+
+
+def test_the_training_split_is_tokenized_without_text_in_narrow_ids_with_its_lengths(tokenizer, pairs, tmp_path):
+    from hf_vanilla_transformer.data.corpora import parallel_files_corpus
+    from hf_vanilla_transformer.data.preparation import lengths, tokenized_folder
+
+    corpus = parallel_files_corpus(str(FIXTURE), str(FIXTURE), cache_dir=tmp_path)
+    assert tokenized_folder(corpus["train"], tokenizer, 12, tmp_path).exists() is False
+    encoded = tokenize_corpus(corpus, tokenizer, max_length=12, cache_dir=tmp_path, num_proc=2)
+    train = encoded["train"]
+    assert train.column_names == ["input_ids", "labels", "source_length", "target_length"]  # no text
+    assert train.features["input_ids"].feature.dtype == "uint16"  # 600 tokens fit 16 bits
+    assert encoded["validation"].column_names[:2] == ["source", "target"]  # held-out pairs keep their text
+    # The ids are the tokenizer's own, both sides ending with </s>; long pairs are dropped inside the map.
+    kept = [
+        (s, t)
+        for s, t in zip(pairs["source"], pairs["target"], strict=True)
+        if max(len(tokenizer(s)["input_ids"]), len(tokenizer(text_target=t)["input_ids"])) <= 12
+    ]
+    assert len(train) == len(kept) and 0 < len(kept) < len(pairs) and train._indices is None
+    assert train[0]["input_ids"] == tokenizer(kept[0][0])["input_ids"]
+    assert train[-1]["labels"] == tokenizer(text_target=kept[-1][1])["input_ids"]
+    source, target = lengths(train)
+    assert source.tolist() == [len(tokenizer(s)["input_ids"]) for s, _ in kept]
+    assert target.tolist() == [len(tokenizer(text_target=t)["input_ids"]) for _, t in kept]
+    # Cached: tokenized again, the same files are read, not written.
+    folder = tokenized_folder(corpus["train"], tokenizer, 12, tmp_path)
+    files = sorted(entry["filename"] for entry in train.cache_files)
+    assert files and all(name.startswith(str(folder)) for name in files)
+    again = tokenize_corpus(corpus, tokenizer, max_length=12, cache_dir=tmp_path)
+    assert sorted(entry["filename"] for entry in again["train"].cache_files) == files
+
+
+def test_the_bpe_learns_from_a_seeded_capped_sample_and_is_cached(pairs, tmp_path):
+    from hf_vanilla_transformer.data.corpora import parallel_files_corpus
+    from hf_vanilla_transformer.data.preparation import bpe_sample, learn_tokenizer
+
+    sample = bpe_sample(pairs, 50, seed=0)
+    assert len(sample) == 50 and sample["source"] == bpe_sample(pairs, 50, seed=0)["source"]
+    assert sample["source"] != bpe_sample(pairs, 50, seed=1)["source"]
+    assert bpe_sample(pairs, 10**6) is pairs  # a corpus under the cap is read whole
+    train = parallel_files_corpus(str(FIXTURE), cache_dir=tmp_path)["train"]
+    capped = learn_tokenizer(train, 400, sample_pairs=50, cache_dir=tmp_path)
+    assert capped.get_vocab() == train_bpe_tokenizer(corpus_texts(bpe_sample(train, 50)), 400).get_vocab()
+    # A second run on the same corpus with the same settings reads the learned BPE instead of learning it again.
+    (cached,) = (tmp_path / "tokenizers").iterdir()
+    before = (cached / "tokenizer.json").stat().st_mtime_ns
+    assert learn_tokenizer(train, 400, sample_pairs=50, cache_dir=tmp_path).get_vocab() == capped.get_vocab()
+    assert (cached / "tokenizer.json").stat().st_mtime_ns == before
+    assert len(list((tmp_path / "tokenizers").iterdir())) == 1
+    learn_tokenizer(train, 400, sample_pairs=60, cache_dir=tmp_path)  # other settings: another entry
+    assert len(list((tmp_path / "tokenizers").iterdir())) == 2

@@ -1,10 +1,15 @@
-"""Batches by approximate length holding about N source and N target tokens (§5.1).
+"""Batches by approximate length holding about N source and N target tokens (§5.1), computed from arrays.
 
-`LengthSortedSampler` orders the training pairs by length, in a random order among pairs of equal length that
-changes every epoch; `TokenBudgetBatchSampler` cuts that order into batches whose padded source and padded target
-each stay within `max_tokens`, then shuffles the batches. Both are deterministic given (seed, epoch), so a resumed
-run sees the batches the interrupted one would have seen next (`Trainer` skips the consumed ones). Under several
-processes `accelerate` hands each process every `num_processes`-th batch.
+The rule: order the training pairs by (source length, target length), pairs of equal lengths in a random order that
+changes every epoch; cut that order greedily into batches whose padded source and padded target each stay within
+`max_tokens` (a pair longer than that on its own makes a batch of one); serve the batches in a random order.
+
+The sorted length sequence is the same every epoch (only pairs of equal lengths trade places), so the batch
+boundaries are computed once, over runs of equal lengths rather than pair by pair. Each epoch is then a NumPy
+permutation: the pairs ordered by a stable radix sort of their length group, the batches shuffled, and batches
+yielded one at a time. Both are deterministic given (seed, epoch), so a resumed run sees the batches the interrupted
+one would have seen next (`Trainer` skips the consumed ones). Under several processes `accelerate` hands each process
+every `num_processes`-th batch.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ class LengthSortedSampler(Sampler[int]):
         self.seed = seed
         self.shuffle = shuffle
         self.epoch = 0
+        self.groups, self.group_sources, self.group_targets = length_groups(self.source_lengths, self.target_lengths)
+        self.group_sizes = np.bincount(self.groups, minlength=len(self.group_sources))
+        self.sorted_by_length = np.argsort(self.groups, kind="stable")
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -42,12 +50,29 @@ class LengthSortedSampler(Sampler[int]):
         return iter(self.order(self.rng()).tolist())
 
     def order(self, rng: np.random.Generator) -> np.ndarray:
-        order = rng.permutation(len(self.source_lengths)) if self.shuffle else np.arange(len(self.source_lengths))
-        # np.lexsort sorts by the last key first, and is stable: ties keep their random order.
-        return order[np.lexsort((self.target_lengths[order], self.source_lengths[order]))]
+        """The epoch's order: a random permutation, then stably sorted by length group (ties keep its order)."""
+        if not self.shuffle:
+            return self.sorted_by_length
+        permutation = rng.permutation(len(self.source_lengths))
+        return permutation[np.argsort(self.groups[permutation], kind="stable")]
 
     def __len__(self) -> int:
         return len(self.source_lengths)
+
+
+def length_groups(sources: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(each pair's length group, each group's source length, each group's target length): a group is the rank of
+    a pair's (source, target) lengths among the distinct ones in sorted order, in 16 bits where they fit (NumPy's
+    stable sort of 16-bit integers is a radix sort)."""
+    width = int(targets.max(initial=0)) + 1
+    keys = sources * width + targets
+    if int(keys.max(initial=0)) < 2**26:  # a table of every possible key: linear time
+        present = np.bincount(keys) > 0
+        distinct = np.flatnonzero(present)
+        groups = (np.cumsum(present) - 1)[keys]
+    else:
+        distinct, groups = np.unique(keys, return_inverse=True)
+    return groups.astype(np.uint16 if len(distinct) <= 2**16 else np.int64), distinct // width, distinct % width
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
@@ -79,7 +104,16 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.max_tokens = max_tokens
         self.max_sentences = max_sentences
         self.shuffle = shuffle
-        self._num_batches = len(self.batches())
+        groups = self.sampler
+        self.starts = batch_starts(
+            groups.group_sizes, groups.group_sources, groups.group_targets, max_tokens, max_sentences
+        )
+        self.ends = np.append(self.starts[1:], len(groups))
+        # Padded tokens of each batch: its size times its longest source plus its longest target.
+        sorted_targets = np.repeat(groups.group_targets, groups.group_sizes)
+        longest_source = np.repeat(groups.group_sources, groups.group_sizes)[self.ends - 1]
+        longest_target = np.maximum.reduceat(sorted_targets, self.starts)
+        self._padded = (self.ends - self.starts) * (longest_source + longest_target)
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -90,37 +124,61 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     def batches(self) -> list[list[int]]:
         """This epoch's batches, in the order they are served."""
-        rng = self.sampler.rng()
-        order = self.sampler.order(rng)
-        sources, targets = self.sampler.source_lengths[order], self.sampler.target_lengths[order]
-        batches, start, longest_source, longest_target = [], 0, 0, 0
-        for position in range(len(order)):
-            longest_source = max(longest_source, sources[position])
-            longest_target = max(longest_target, targets[position])
-            size = position - start + 1
-            too_many = size * longest_source > self.max_tokens or size * longest_target > self.max_tokens
-            if size > 1 and (too_many or (self.max_sentences is not None and size > self.max_sentences)):
-                batches.append(order[start:position].tolist())
-                start, longest_source, longest_target = position, sources[position], targets[position]
-        batches.append(order[start:].tolist())
-        if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        return batches
+        return list(self)
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches())
+        rng = self.sampler.rng()
+        order = self.sampler.order(rng)
+        served = rng.permutation(len(self.starts)) if self.shuffle else range(len(self.starts))
+        for batch in served:
+            yield order[self.starts[batch] : self.ends[batch]].tolist()
 
     def __len__(self) -> int:
-        # The sorted length sequence is the same every epoch, so the number of batches is too.
-        return self._num_batches
+        return len(self.starts)
+
+    def spread(self, count: int) -> list[list[int]]:
+        """`count` batches of epoch 0 spread evenly over the batch sizes (ranked by their number of pairs, ties in
+        the order served): a sample whose mean update time is close to the epoch's. The same batches as
+        `calibration_batches(list(self), count)` at epoch 0, without building the others."""
+        rng = np.random.default_rng([self.sampler.seed, 0])
+        order = self.sampler.order(rng)
+        served = rng.permutation(len(self.starts)) if self.shuffle else np.arange(len(self.starts))
+        if len(served) > count:
+            ranked = served[np.argsort((self.ends - self.starts)[served], kind="stable")]
+            served = (
+                ranked[[round(i * (len(ranked) - 1) / (count - 1)) for i in range(count)]] if count > 1 else ranked[:1]
+            )
+        return [order[self.starts[batch] : self.ends[batch]].tolist() for batch in served]
 
     def tokens_per_batch(self) -> float:
         """Mean padded source + target tokens per batch."""
-        total = sum(
-            len(batch) * (self.sampler.source_lengths[batch].max() + self.sampler.target_lengths[batch].max())
-            for batch in self.batches()
-        )
-        return total / self._num_batches
+        return float(self._padded.sum() / len(self.starts))
+
+
+def batch_starts(
+    run_sizes: np.ndarray, run_sources: np.ndarray, run_targets: np.ndarray, max_tokens: int, max_sentences=None
+) -> np.ndarray:
+    """Where each batch starts in the length-sorted sequence, given its runs of equal (source, target) lengths in
+    sorted order (sources non-decreasing, ties by target): their sizes and lengths.
+
+    Greedy, as pair by pair: a pair joins the open batch while (size + 1) x max(longest source, longest target)
+    stays within `max_tokens` (and size + 1 within `max_sentences`), else it opens the next one. The loop runs over
+    the runs: a run first fills the open batch, then opens as many batches of equal size as it needs at once."""
+    cap = max_sentences or math.inf
+    starts, size, longest_target, start = [], 0, 0, 0
+    for count, source, target in zip(run_sizes.tolist(), run_sources.tolist(), run_targets.tolist(), strict=True):
+        taken = 0
+        if size:  # 1. the open batch takes what fits of this run
+            taken = max(0, min(min(max_tokens // max(source, longest_target, target), cap) - size, count))
+            size, longest_target = size + taken, max(longest_target, target)
+        if taken < count:  # 2. the rest opens batches of `per` pairs each (a pair too long alone: one)
+            per = max(1, min(max_tokens // max(source, target), cap))
+            rest = count - taken
+            opened = -(-rest // per)
+            starts.append(start + taken + per * np.arange(opened))
+            size, longest_target = rest - per * (opened - 1), target
+        start += count
+    return np.concatenate(starts).astype(np.int64)
 
 
 def accumulation_steps(tokens_per_update: int | None, max_tokens: int, num_processes: int = 1) -> int:

@@ -1,23 +1,41 @@
-"""Parallel corpora as `datasets.DatasetDict`s with `source` and `target` columns, split train/validation/test.
+"""Parallel corpora as `datasets.DatasetDict`s with `source` and `target` columns, split train/validation/test, in
+memory-mapped Arrow files on disk: a corpus of millions of pairs costs the page cache, not the process's memory.
 
 Sources (`load_corpus` is the one entry point):
 
 * the LibreOffice help (the default, EN-DE) and user-interface strings, from Debian's packages (`libreoffice.py`);
 * **local parallel files**: a TSV (`source<TAB>target`), a JSONL (`{"source": ..., "target": ...}`, or
-  `{"translation": {"en": ..., "de": ...}}`), or two line-aligned text files;
-* **WMT14** through `datasets.load_dataset("wmt/wmt14", ...)` (needs the Hugging Face Hub).
+  `{"translation": {"en": ..., "de": ...}}`), or two line-aligned text files; read line by line into Arrow once per
+  machine, cached under a key of their content (`cache.py`);
+* **WMT14** (the paper's data): the Hub's `wmt/wmt14`, or a local copy of its parquet files (`wmt14_dir`: the
+  folder `hf download wmt/wmt14 --repo-type dataset --include "de-en/*" --local-dir DIR` writes), offline.
+
+`hold_out` carves validation and test pairs out of a training split that comes without them (a run on one file).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from datasets import Dataset, DatasetDict
+import numpy as np
+from datasets import Dataset, DatasetDict, Features, Value
+from datasets.arrow_writer import ArrowWriter
 
-from .errors import CorpusError
+from .cache import building, cache_root, complete_folder, files_key
+from .errors import SPLITS, CorpusError
 from .libreoffice import libreoffice_help_corpus, libreoffice_ui_corpus
+
+
+logger = logging.getLogger(__name__)
+
+PAIR_FEATURES = Features({"source": Value("string"), "target": Value("string")})
+WRITE_BATCH = 50_000  # pairs per Arrow record batch
+# Held out of a training file that comes without validation or test pairs: this many pairs for each, at most this
+# fraction of the file, drawn with this seed (the same pairs whatever the run's seed, so runs compare).
+HELD_OUT_PAIRS, HELD_OUT_FRACTION, HELD_OUT_SEED = 1000, 0.05, 0
 
 
 def read_text(path: str | Path) -> str:
@@ -46,37 +64,78 @@ def decode_text(data: bytes, name: str) -> str:
 def read_parallel_file(
     path: str | Path, target_path: str | Path | None = None, source_lang: str = "en", target_lang: str = "de"
 ) -> Dataset:
-    """Pairs from a TSV or JSONL file, or from two line-aligned text files (`path` and `target_path`).
+    """Pairs from a TSV or JSONL file, or from two line-aligned text files (`path` and `target_path`), in memory
+    (`parallel_files_corpus` writes large files to Arrow instead).
 
     Bad input raises an error whose one-line message names the file, the line and what was expected there.
     """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"Parallel data file {str(path)!r} does not exist.")
+    pairs = list(parallel_pairs(path, target_path, source_lang, target_lang))
+    if not pairs:
+        raise CorpusError(f"{path} holds no sentence pair.")
+    return Dataset.from_dict({"source": [s for s, _ in pairs], "target": [t for _, t in pairs]}, features=PAIR_FEATURES)
+
+
+def parallel_pairs(
+    path: str | Path, target_path: str | Path | None = None, source_lang: str = "en", target_lang: str = "de"
+) -> Iterator[tuple[str, str]]:
+    """The (source, target) pairs of a file (see `read_parallel_file`), read line by line, stripped; pairs with an
+    empty side are left out."""
+    path = _check_file(path)
     if target_path is not None:
-        pairs = _aligned_pairs(path, Path(target_path))
+        pairs = _aligned_pairs(path, _check_file(target_path))
     elif path.suffix in (".jsonl", ".json"):
         pairs = _jsonl_pairs(path, source_lang, target_lang)
     else:
         pairs = _tsv_pairs(path)
-    kept = [(source.strip(), target.strip()) for source, target in pairs if source.strip() and target.strip()]
-    if not kept:
-        raise CorpusError(f"{path} holds no sentence pair.")
-    return Dataset.from_dict({"source": [s for s, _ in kept], "target": [t for _, t in kept]})
+    for source, target in pairs:
+        source, target = source.strip(), target.strip()
+        if source and target:
+            yield source, target
 
 
-def _aligned_pairs(path: Path, target_path: Path) -> list[tuple[str, str]]:
-    source_lines, target_lines = read_text(path).splitlines(), read_text(target_path).splitlines()
-    if len(source_lines) != len(target_lines):
+def _check_file(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"Parallel data file {str(path)!r} does not exist.")
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; expected a UTF-8 text file.")
+    return path
+
+
+def text_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line without its end) of a UTF-8 file, read as a stream; bytes that are not UTF-8 raise a
+    ValueError naming the file, the line and the byte."""
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{path}:{number} is not UTF-8 text (byte {raw[error.start]:#04x}: {error.reason}); expected a "
+                    "UTF-8 text file."
+                ) from None
+            yield number, line.rstrip("\r\n")
+
+
+def _aligned_pairs(path: Path, target_path: Path) -> Iterator[tuple[str, str]]:
+    sources, targets = text_lines(path), text_lines(target_path)
+    counts = [0, 0]
+    while True:
+        source, target = next(sources, None), next(targets, None)
+        counts = [counts[0] + (source is not None), counts[1] + (target is not None)]
+        if source is None or target is None:
+            break
+        yield source[1], target[1]
+    counts = [counts[0] + sum(1 for _ in sources), counts[1] + sum(1 for _ in targets)]
+    if counts[0] != counts[1]:
         raise ValueError(
-            f"{path} has {len(source_lines)} lines but {target_path} has {len(target_lines)}; "
-            "two aligned text files need the same number of lines."
+            f"{path} has {counts[0]} lines but {target_path} has {counts[1]}; two aligned text files need the same "
+            "number of lines."
         )
-    return list(zip(source_lines, target_lines, strict=True))
 
 
 def _jsonl_pairs(path: Path, source_lang: str, target_lang: str) -> Iterator[tuple[str, str]]:
-    for number, line in enumerate(read_text(path).splitlines(), 1):
+    for number, line in text_lines(path):
         if not line.strip():
             continue
         try:
@@ -105,7 +164,7 @@ def _jsonl_pairs(path: Path, source_lang: str, target_lang: str) -> Iterator[tup
 
 
 def _tsv_pairs(path: Path) -> Iterator[tuple[str, str]]:
-    for number, line in enumerate(read_text(path).splitlines(), 1):
+    for number, line in text_lines(path):
         if not line.strip():
             continue
         fields = line.split("\t")
@@ -117,47 +176,134 @@ def _tsv_pairs(path: Path) -> Iterator[tuple[str, str]]:
         yield fields[0], fields[1]
 
 
-def parallel_files_corpus(train: str, validation: str | None = None, test: str | None = None, **kwargs) -> DatasetDict:
-    """A corpus from local files. `train` may be `src.txt,tgt.txt` for two aligned files; so may the others."""
+def write_pairs(pairs: Iterable[tuple[str, str]], path: Path) -> int:
+    """Write `pairs` to the Arrow file `path` in record batches (memory stays flat); returns how many."""
+    writer = ArrowWriter(features=PAIR_FEATURES, path=str(path))
+    count, sources, targets = 0, [], []
+    for source, target in pairs:
+        sources.append(source)
+        targets.append(target)
+        if len(sources) == WRITE_BATCH:
+            writer.write_batch({"source": sources, "target": targets})
+            count, sources, targets = count + len(sources), [], []
+    if sources:
+        writer.write_batch({"source": sources, "target": targets})
+        count += len(sources)
+    writer.finalize()
+    return count
 
-    def load(spec: str) -> Dataset:
-        parts = spec.split(",")
-        if len(parts) > 2:
-            raise ValueError(f"{spec!r}: give one file, or two comma-separated aligned text files.")
-        return read_parallel_file(parts[0], parts[1] if len(parts) == 2 else None, **kwargs)
 
-    corpus = {"train": load(train)}
-    for name, spec in (("validation", validation), ("test", test)):
-        if spec:
-            corpus[name] = load(spec)
-    return DatasetDict(corpus)
+def parallel_files_corpus(
+    train: str,
+    validation: str | None = None,
+    test: str | None = None,
+    source_lang: str = "en",
+    target_lang: str = "de",
+    cache_dir: str | Path | None = None,
+) -> DatasetDict:
+    """A corpus from local files, read into memory-mapped Arrow once and cached under a key of their content (a
+    second call, or another process, reads the cache). `train` may be `src.txt,tgt.txt` for two aligned files; so
+    may the others."""
+    specs = {name: _file_spec(spec) for name, spec in (("train", train), ("validation", validation), ("test", test))}
+    specs = {name: spec for name, spec in specs.items() if spec}
+    paths = [_check_file(path) for spec in specs.values() for path in spec]
+    key = files_key(paths, {name: [str(p) for p in spec] for name, spec in specs.items()}, source_lang, target_lang)
+    folder = cache_root(cache_dir) / "corpora" / key
+    if complete_folder(folder) is None:
+        with building(folder) as temporary:
+            for name, spec in specs.items():
+                pairs = parallel_pairs(spec[0], spec[1] if len(spec) == 2 else None, source_lang, target_lang)
+                if write_pairs(pairs, temporary / f"{name}.arrow") == 0:
+                    raise CorpusError(f"{spec[0]} holds no sentence pair.")
+    return DatasetDict({name: Dataset.from_file(str(folder / f"{name}.arrow")) for name in specs})
+
+
+def _file_spec(spec: str | None) -> list[str] | None:
+    if not spec:
+        return None
+    parts = spec.split(",")
+    if len(parts) > 2:
+        raise ValueError(f"{spec!r}: give one file, or two comma-separated aligned text files.")
+    return parts
+
+
+def hold_out(corpus: DatasetDict, pairs: int = HELD_OUT_PAIRS, fraction: float = HELD_OUT_FRACTION) -> DatasetDict:
+    """`corpus` with the validation and test splits it lacks carved out of its training split: `pairs` pairs each
+    (at most `fraction` of the split, at least 1), drawn with the fixed seed `HELD_OUT_SEED`, and removed from
+    training. A corpus that has both splits comes back as it is."""
+    missing = [split for split in ("validation", "test") if split not in corpus]
+    if not missing:
+        return corpus
+    train = corpus["train"]
+    size = min(pairs, max(1, int(len(train) * fraction)))
+    if len(train) < 2 * size * len(missing):  # training keeps at least as many pairs as are held out
+        raise CorpusError(
+            f"The training file has {len(train)} pairs: too few to hold out {' and '.join(missing)} pairs and still "
+            "train; give --validation_files and --test_files."
+        )
+    chosen = np.random.default_rng(HELD_OUT_SEED).choice(len(train), size * len(missing), replace=False)
+    carved = dict(corpus)
+    for index, split in enumerate(missing):
+        carved[split] = train.select(np.sort(chosen[index * size : (index + 1) * size]), keep_in_memory=True)
+    carved["train"] = train.select(np.setdiff1d(np.arange(len(train)), chosen), keep_in_memory=True)
+    logger.info(
+        "no %s pairs given: %s held out of the %d training pairs (seed %d)",
+        " or ".join(missing),
+        " and ".join(f"{size:,} for {split}" for split in missing),
+        len(train),
+        HELD_OUT_SEED,
+    )
+    return DatasetDict({split: carved[split] for split in SPLITS})
 
 
 def wmt_to_pairs(dataset: Dataset, source_lang: str, target_lang: str) -> Dataset:
-    """WMT's `{"translation": {"de": ..., "en": ...}}` rows as `source`/`target` columns."""
+    """WMT's `{"translation": {"de": ..., "en": ...}}` rows as `source`/`target` columns: the struct's fields as
+    columns of the same memory-mapped table (no pass over the rows)."""
+    flat = dataset.flatten()
+    names = {f"translation.{source_lang}": "source", f"translation.{target_lang}": "target"}
+    missing = sorted(set(names) - set(flat.column_names))
+    if missing:
+        raise CorpusError(f"WMT rows hold {flat.column_names}, not {missing}: is the language pair right?")
+    return flat.select_columns(list(names)).rename_columns(names)
 
-    def convert(batch):
-        return {
-            "source": [pair[source_lang] for pair in batch["translation"]],
-            "target": [pair[target_lang] for pair in batch["translation"]],
-        }
 
-    return dataset.map(convert, batched=True, remove_columns=dataset.column_names)
-
-
-def wmt14_corpus(source_lang: str = "en", target_lang: str = "de") -> DatasetDict:
-    """WMT14 (the paper's data, §5.1) from the Hugging Face Hub: newstest2013 validation, newstest2014 test."""
+def wmt14_corpus(
+    source_lang: str = "en", target_lang: str = "de", wmt14_dir: str | Path | None = None, cache_dir=None
+) -> DatasetDict:
+    """WMT14 (the paper's data, §5.1): newstest2013 validation, newstest2014 test. From the Hugging Face Hub, or
+    from `wmt14_dir`, a local copy of the Hub's parquet files (`<dir>/de-en/train-*.parquet`, ... or the files of
+    one pair directly in `<dir>`), converted to Arrow once in the data cache."""
     import datasets
 
     pair = "-".join(sorted((source_lang, target_lang), key=lambda lang: lang == "en"))  # "de-en", "fr-en"
-    try:
-        raw = datasets.load_dataset("wmt/wmt14", pair)
-    except Exception as error:  # no network, no Hub, or an unknown pair
-        raise CorpusError(
-            f"Could not load WMT14 {pair} from the Hugging Face Hub ({type(error).__name__}: {error}). "
-            "It needs network access to the Hub; without it, use the default LibreOffice corpus or --data_files."
-        ) from error
+    hub_cache = cache_root(cache_dir) / "wmt14"
+    if wmt14_dir is not None:
+        files = wmt14_files(Path(wmt14_dir), pair)
+        raw = datasets.load_dataset("parquet", data_files=files, cache_dir=str(hub_cache))
+    else:
+        try:
+            raw = datasets.load_dataset("wmt/wmt14", pair, cache_dir=str(hub_cache))
+        except Exception as error:  # no network, no Hub, or an unknown pair
+            raise CorpusError(
+                f"Could not load WMT14 {pair} from the Hugging Face Hub ({type(error).__name__}: {error}). It needs "
+                "network access to the Hub; without it, give a local copy of its parquet files (--wmt14_dir), use the "
+                "default LibreOffice corpus or --data_files."
+            ) from error
     return DatasetDict({split: wmt_to_pairs(raw[split], source_lang, target_lang) for split in raw})
+
+
+def wmt14_files(folder: Path, pair: str) -> dict[str, list[str]]:
+    """{split: parquet files} of a local copy of `wmt/wmt14` for `pair`; a ValueError says what is missing."""
+    root = folder / pair if (folder / pair).is_dir() else folder
+    files = {split: sorted(str(path) for path in root.glob(f"{split}-*.parquet")) for split in SPLITS}
+    missing = [split for split, found in files.items() if not found]
+    if missing:
+        raise ValueError(
+            f"wmt14_dir={str(folder)!r} holds no {', '.join(missing)} parquet files for {pair} (looked for "
+            f"{root}/<split>-*.parquet); expected a copy of the Hub's wmt/wmt14, e.g. `hf download wmt/wmt14 "
+            f'--repo-type dataset --include "{pair}/*" --local-dir {folder}`.'
+        )
+    return files
 
 
 def load_corpus(
@@ -168,18 +314,25 @@ def load_corpus(
     validation_files: str | None = None,
     test_files: str | None = None,
     cache_dir: str | Path | None = None,
+    wmt14_dir: str | Path | None = None,
 ) -> DatasetDict:
-    """One entry point for every source: `libreoffice-help` (default), `libreoffice-ui`, `wmt14`, or local files."""
+    """One entry point for every source: `libreoffice-help` (default), `libreoffice-ui`, `wmt14` (from the Hub, or
+    from `wmt14_dir`), or local files."""
     if data_files:
         return parallel_files_corpus(
-            data_files, validation_files, test_files, source_lang=source_lang, target_lang=target_lang
+            data_files,
+            validation_files,
+            test_files,
+            source_lang=source_lang,
+            target_lang=target_lang,
+            cache_dir=cache_dir,
         )
     if dataset == "libreoffice-help":
         return libreoffice_help_corpus(source_lang, target_lang, cache_dir)
     if dataset == "libreoffice-ui":
         return libreoffice_ui_corpus(target_lang, cache_dir)
     if dataset == "wmt14":
-        return wmt14_corpus(source_lang, target_lang)
+        return wmt14_corpus(source_lang, target_lang, wmt14_dir, cache_dir)
     raise ValueError(
         f"dataset={dataset!r} is unknown; expected 'libreoffice-help', 'libreoffice-ui', 'wmt14', "
         "or --data_files for local files."

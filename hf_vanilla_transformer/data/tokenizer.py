@@ -78,31 +78,6 @@ def check_special_tokens(tokenizer: PreTrainedTokenizerFast, config) -> None:
         raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model only {config.vocab_size}.")
 
 
-def tokenize_corpus(
-    corpus: DatasetDict | Dataset, tokenizer: PreTrainedTokenizerFast, max_length: int | None = None
-) -> DatasetDict | Dataset:
-    """Add `input_ids` and `labels` (both ending with </s>); pairs longer than `max_length` tokens on either side
-    are dropped from the training split only (held-out splits keep every pair)."""
-
-    def encode(batch):
-        return {
-            "input_ids": tokenizer(batch["source"])["input_ids"],
-            "labels": tokenizer(text_target=batch["target"])["input_ids"],
-        }
-
-    def short_enough(example):
-        return len(example["input_ids"]) <= max_length and len(example["labels"]) <= max_length
-
-    if isinstance(corpus, Dataset):
-        return corpus.map(encode, batched=True, desc="tokenizing")
-    encoded = DatasetDict(
-        {name: split.map(encode, batched=True, desc=f"tokenizing {name}") for name, split in corpus.items()}
-    )
-    if max_length is not None and "train" in encoded:
-        encoded["train"] = encoded["train"].filter(short_enough, desc="length filter")
-    return encoded
-
-
 def copy_tokenizer_files(source: str | Path, target: str | Path) -> list[Path]:
     """Copy the tokenizer files (`TOKENIZER_FILES`) that `source` holds into `target`; returns the copies."""
     source, target = Path(source), Path(target)

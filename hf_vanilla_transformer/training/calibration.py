@@ -64,7 +64,7 @@ def measure_choices(
 
     def measure(max_tokens: int, pairs: list[tuple[str, str | None]]) -> dict[str, float]:
         batches = [{k: v.to(device) for k, v in batch.items()} for batch in sample_batches(max_tokens)]
-        return measure_updates(model, batches, pairs)
+        return measure_updates(model, batches, pairs, optimizer=trainer_optimizer(args))
 
     pairs = [(p, a) for p in precisions for a in attentions]
     first = measure(sizes[0], pairs)
@@ -96,21 +96,22 @@ def measure_updates(
     model: torch.nn.Module,
     batches: Iterable[dict],
     candidates: list[tuple[str, str | None]],
-    learning_rate: float = 1e-5,
+    optimizer: Callable | None = None,
     warmup: int = 2,
     rounds: int = 2,
 ) -> dict[str, float]:
-    """Mean seconds of an update (forward, backward, Adam step) for each (precision, attention) candidate, measured
-    on copies of `model`, which is left untouched, as is the global random state. The candidates take turns over
-    `rounds` rounds so that a change in the machine's load falls on all of them alike."""
+    """Mean seconds of an update (forward, backward, optimizer step) for each (precision, attention) candidate,
+    measured on copies of `model`, which is left untouched, as is the global random state. `optimizer(parameters)`
+    builds the optimizer the Trainer will use (`trainer_optimizer`; default: its default, fused AdamW). The
+    candidates take turns over `rounds` rounds so that a change in the machine's load falls on all of them alike."""
     batches = list(batches)
+    optimizer = optimizer or trainer_optimizer(None)
     copies = {}
     for precision, attention in candidates:
         clone = copy.deepcopy(model).train()
         if attention:
             clone.set_attn_implementation(attention)
-        optimizer = torch.optim.Adam(clone.parameters(), lr=learning_rate, betas=(0.9, 0.98), eps=1e-9)
-        copies[(precision, attention)] = (clone, optimizer)
+        copies[(precision, attention)] = (clone, optimizer(clone.parameters()))
     times: dict[tuple[str, str | None], list[float]] = {key: [] for key in copies}
     with torch.random.fork_rng(devices=[]):
         for key, (clone, optimizer) in copies.items():  # the first updates of each copy allocate; not timed
@@ -136,6 +137,20 @@ def _update(model, optimizer, batch: dict, precision: str) -> None:
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def trainer_optimizer(args) -> Callable:
+    """`parameters -> optimizer` as `Trainer` builds it for `args` (None: the paper's Adam betas and epsilon with
+    transformers' default optimizer, fused AdamW): the calibration's update is the Trainer's update. The plain
+    `torch.optim.Adam` steps parameter by parameter on a CPU, a cost the Trainer does not pay."""
+    from transformers import Trainer
+
+    from .arguments import TransformerTrainingArguments
+
+    if args is None:
+        args = TransformerTrainingArguments(output_dir=tempfile.gettempdir(), use_cpu=True, report_to=[])
+    optimizer_class, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
+    return lambda parameters: optimizer_class(parameters, **kwargs)
 
 
 def measure_checkpoint_seconds(model: torch.nn.Module) -> float:

@@ -3,14 +3,19 @@ carried into every checkpoint, and the progress line."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from transformers import ProgressCallback, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from ..utils.distributed import main_process_decides
+from ..utils.distributed import main_process_decides, main_process_value
+from ..utils.files import write_json_atomically
+from .planning import BUDGET_FILE, BudgetPlan
+from .replanning import CHANGE_AT_LEAST, RefitRules, UpdateMeter, predicted_decode_seconds, refit
 
 
 logger = logging.getLogger(__name__)
@@ -38,19 +43,40 @@ class SaveEveryCallback(TrainerCallback):
 
 
 class TimeBudgetCallback(TrainerCallback, ExportableState):
-    """Carries the plan into every checkpoint's trainer state, and stops a budgeted run at its deadline should the
-    machine turn slower than it measured (another job started beside it): the run then ends early, saved, rather
-    than late. A resumed run has no deadline (its budget was spent by the interrupted one)."""
+    """The budgeted run's length: carries the plan into every checkpoint's trainer state, re-plans the run's length
+    from its own updates (`replanning.py`: after `rules.first_check` updates and after every validation), and stops
+    the run at its deadline should the machine turn slower than it measured (another job started beside it): the
+    run then ends early, saved, rather than late. A resumed run (rebuilt from its checkpoint with the plan alone)
+    keeps the length its checkpoint recorded and has no deadline (its budget was spent by the interrupted one)."""
 
-    def __init__(self, plan: dict, deadline_seconds: float | None = None):
+    def __init__(
+        self,
+        plan: dict,
+        deadline_seconds: float | None = None,
+        rules: RefitRules | None = None,
+    ):
         self.plan = plan
-        self.deadline = time.monotonic() + deadline_seconds if deadline_seconds is not None else None
+        now = time.monotonic()
+        self.deadline = now + deadline_seconds if deadline_seconds is not None else None
+        self.rules = rules if self.deadline is not None else None
+        self.meter = UpdateMeter(clock=time.monotonic)
         self.stopped_early_at: int | None = None
+        self.checked = False
 
     def state(self) -> dict:
         return {"args": {"plan": self.plan}, "attributes": {}}
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        # The Trainer runs to an upper bound (planning.trainer_arguments); the plan's length is the one that counts.
+        self._apply(state)
+        self.meter.start(state.global_step)
+        return control
+
     def on_step_end(self, args, state, control, **kwargs):
+        self.meter.step(state.global_step)
+        if self.rules is not None and not self.checked and state.global_step >= self.rules.first_check:
+            self.checked = True
+            self._replan(args, state, "its first updates", always=True)
         if self.deadline is None or state.global_step >= state.max_steps:
             return control
         # The main process decides: every process stops at the same update.
@@ -66,6 +92,70 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
             control.should_save = True
         return control
 
+    def on_evaluate(self, args, state, control, **kwargs):
+        seconds = self.meter.pause("validation")
+        if self.rules is not None and self.meter.seconds_per_update is not None:
+            # The test decoding, predicted anew from this validation's decoding speed, moves the deadline.
+            decode = predicted_decode_seconds(self.rules, seconds, self.meter.seconds_per_update)
+            self.deadline += (self.plan.get("predicted_decode_seconds") or 0.0) - decode
+            self.plan = {**self.plan, "predicted_decode_seconds": decode}
+            self._replan(args, state, f"the validation at update {state.global_step:,}")
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        self.meter.pause("checkpoint")
+        return control
+
+    def _apply(self, state) -> None:
+        state.max_steps = self.plan["max_steps"]
+        state.save_steps = self.plan["save_steps"]
+        if self.plan.get("eval_steps"):
+            state.eval_steps = self.plan["eval_steps"]
+
+    def _replan(self, args, state, after: str, always: bool = False) -> None:
+        """Re-fit the length from the measured speed (every process takes the main process's new plan)."""
+        rate = self.meter.seconds_per_update
+        if rate is None:
+            return
+        step = state.global_step
+        checkpoint = self.meter.typical_pause("checkpoint", self.plan.get("checkpoint_seconds") or 0.0)
+        validation = self.meter.typical_pause("validation", self.plan.get("validation_seconds") or 0.0)
+        new = refit(self.plan, self.rules, step, rate, self.deadline - time.monotonic(), checkpoint, validation)
+        new = main_process_value(new)
+        old = self.plan["max_steps"]
+        if not always and abs(new["max_steps"] - old) < CHANGE_AT_LEAST * old:
+            return
+        change = {"at": step, "after": after, "seconds_per_update": rate, "max_steps": new["max_steps"], "was": old}
+        self.plan = {**new, "replans": [*self.plan.get("replans", []), change]}
+        self._apply(state)
+        logger.warning(
+            "re-planned after %s: %.3f s per update measured (%.3f s planned): %s -> %s updates, a checkpoint every "
+            "%s%s",
+            after,
+            rate,
+            self.plan.get("seconds_per_update") or float("nan"),
+            f"{old:,}",
+            f"{new['max_steps']:,}",
+            f"{new['save_steps']:,}",
+            f", validation every {new['eval_steps']:,}" if new.get("eval_steps") else "",
+        )
+        if args.should_save:
+            write_json_atomically(Path(args.output_dir) / BUDGET_FILE, self.plan)
+
+
+class SetupClockCallback(TrainerCallback):
+    """Records, in the run's set-up clock (`utils/stages.py`), when the first update ends, and writes the clock of
+    this process into the output folder."""
+
+    def __init__(self, clock, output_dir):
+        self.clock, self.output_dir = clock, output_dir
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if "first update" not in self.clock.stages:
+            self.clock.first_update()
+            self.clock.write(self.output_dir)
+        return control
+
 
 class TrainingProgressCallback(ProgressCallback):
     """The progress bar, with one readable line per log instead of a dict: update, loss, learning rate, source
@@ -75,15 +165,21 @@ class TrainingProgressCallback(ProgressCallback):
         super().on_train_begin(args, state, control, **kwargs)
         now = time.monotonic()
         self.started = (now, state.global_step)  # for the time left
-        self.last = (now, _tokens_seen(state))  # at the last training-loss line: for tokens/s
+        self.last = (now, _tokens_seen(state), state.global_step)  # at the last training-loss line: for the rates
+
+    def on_step_end(self, args, state, control, **kwargs):
+        super().on_step_end(args, state, control, **kwargs)
+        if self.training_bar is not None and self.training_bar.total != state.max_steps:  # a re-planned length
+            self.training_bar.total = state.max_steps
+            self.training_bar.refresh()
 
     def on_evaluate(self, args, state, control, **kwargs):
         super().on_evaluate(args, state, control, **kwargs)
-        self.last = (time.monotonic(), _tokens_seen(state))  # tokens/s counts training time only
+        self.last = (time.monotonic(), _tokens_seen(state), state.global_step)  # the rates count training time only
 
     def on_save(self, args, state, control, **kwargs):
         super().on_save(args, state, control, **kwargs)
-        self.last = (time.monotonic(), _tokens_seen(state))
+        self.last = (time.monotonic(), _tokens_seen(state), state.global_step)
 
     def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
         # Under the training bar, the validation bar is drawn one line below and erased when done by moving the
@@ -103,18 +199,37 @@ class TrainingProgressCallback(ProgressCallback):
             parts.append(f"lr {logs['learning_rate']:.2e}")
         if "eval_bleu" in logs:
             parts.append(f"validation BLEU {logs['eval_bleu']:.1f} (loss {logs.get('eval_loss', float('nan')):.3f})")
-        last_time, last_tokens = self.last
+        last_time, last_tokens, last_step = self.last
         if now > last_time and tokens > last_tokens:
             parts.append(f"{(tokens - last_tokens) / (now - last_time):,.0f} source tok/s")
+        if now > last_time and step > last_step:
+            parts.append(f"{(now - last_time) / (step - last_step):.3f} s/update")
         started_time, started_step = self.started
         elapsed = now - started_time
         if step > started_step:
             left = elapsed / (step - started_step) * (state.max_steps - step)
             parts.append(f"{elapsed / 60:.1f} min, {left / 60:.1f} min left")
         if "loss" in logs:
-            self.last = (now, tokens)
+            self.last = (now, tokens, step)
         self.training_bar.write(" | ".join(parts))
 
 
 def _tokens_seen(state) -> int:
     return int(getattr(state, "num_input_tokens_seen", 0) or 0)
+
+
+def recorded_plan(output_dir: str | Path, checkpoint: str | Path | None) -> BudgetPlan | None:
+    """The plan of an interrupted run: from the checkpoint it resumes from, else from the run's `budget.json`."""
+    if checkpoint is not None:
+        state_file = Path(checkpoint) / "trainer_state.json"
+        if state_file.exists():
+            state = json.loads(state_file.read_text(encoding="utf-8"))
+            saved = state.get("stateful_callbacks", {}).get(TimeBudgetCallback.__name__)
+            if isinstance(saved, list):  # several instances are saved as a list
+                saved = saved[0] if saved else None
+            if saved:
+                return BudgetPlan.from_dict(saved["args"]["plan"])
+    budget_file = Path(output_dir) / BUDGET_FILE
+    if budget_file.exists():
+        return BudgetPlan.from_dict(json.loads(budget_file.read_text(encoding="utf-8")))
+    return None

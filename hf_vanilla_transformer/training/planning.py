@@ -18,12 +18,10 @@ The plan never changes the user's arguments: `trainer_arguments` gives the Train
 from __future__ import annotations
 
 import copy
-import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -31,7 +29,6 @@ from ..data.batching import accumulation_steps
 from ..evaluation.length_penalty import length_penalty_choices
 from .arguments import preset_choices, token_choices
 from .calibration import Measurement, measure_checkpoint_seconds, measure_choices
-from .callbacks import TimeBudgetCallback
 
 
 BUDGET_FILE = "budget.json"
@@ -73,6 +70,9 @@ class BudgetPlan:
     reasons: list[str] = field(default_factory=list)
     gradient_accumulation_steps: int | None = None  # batches per update (None in plans recorded before it)
     lr_scale: float | None = None  # the factor on the §5.3 schedule (None in plans recorded before it)
+    checkpoint_seconds: float | None = None  # predicted for one checkpoint, one validation (re-plans measure them)
+    validation_seconds: float | None = None
+    replans: list[dict] = field(default_factory=list)  # each re-fit of the length from the run's own updates
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -123,6 +123,8 @@ class BudgetFit:
     decode_seconds: float
     reason: str
     enough: bool
+    checkpoint_seconds: float = 0.0
+    validation_seconds: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -267,6 +269,7 @@ def new_plan(context: PlanContext) -> BudgetPlan:
     plan.seconds_per_update = fit.seconds_per_update
     plan.planned_training_seconds = fit.training_seconds
     plan.predicted_decode_seconds = fit.decode_seconds
+    plan.checkpoint_seconds, plan.validation_seconds = fit.checkpoint_seconds, fit.validation_seconds
     return plan
 
 
@@ -378,7 +381,9 @@ def _updates_for_budget(
         reason += f"; capped at {fit:,} = {recipe.max_epochs:g} epochs of this corpus"
     training = fit * update + checkpoints * checkpoint_seconds + validations * validation_seconds
     enough = recipe.min_updates is None or fit >= recipe.min_updates
-    return BudgetFit(max_tokens, fit, seconds_per_update, training, decode, reason, enough)
+    return BudgetFit(
+        max_tokens, fit, seconds_per_update, training, decode, reason, enough, checkpoint_seconds, validation_seconds
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -386,11 +391,13 @@ def _updates_for_budget(
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def trainer_arguments(args, plan: BudgetPlan, d_model: int):
-    """A copy of the user's `args` with the plan's length, schedule, precision, accumulation and §5.3 learning rate
-    (lr_scale * d_model^-0.5, which the schedule multiplies): what the Trainer runs. `args` is left as given."""
+def trainer_arguments(args, plan: BudgetPlan, d_model: int, max_steps: int | None = None):
+    """A copy of the user's `args` with the plan's length (or the upper bound `max_steps` of a run whose length the
+    budget may re-fit: the plan's length is then kept by the budget callback), schedule, precision, accumulation and
+    §5.3 learning rate (lr_scale * d_model^-0.5, which the schedule multiplies): what the Trainer runs. `args` is
+    left as given."""
     planned = copy.copy(args)
-    planned.max_steps = plan.max_steps
+    planned.max_steps = max(plan.max_steps, max_steps or 0)
     planned.warmup_steps = plan.warmup_steps
     planned.save_steps = plan.save_steps
     if plan.eval_steps:
@@ -411,20 +418,3 @@ def complete_recorded_plan(plan: BudgetPlan, recipe, args, d_model: int) -> Budg
     if plan.lr_scale is None:
         plan.lr_scale = lr_scale_for(recipe, args, d_model, plan.warmup_steps)
     return plan
-
-
-def recorded_plan(output_dir: str | Path, checkpoint: str | Path | None) -> BudgetPlan | None:
-    """The plan of an interrupted run: from the checkpoint it resumes from, else from the run's `budget.json`."""
-    if checkpoint is not None:
-        state_file = Path(checkpoint) / "trainer_state.json"
-        if state_file.exists():
-            state = json.loads(state_file.read_text(encoding="utf-8"))
-            saved = state.get("stateful_callbacks", {}).get(TimeBudgetCallback.__name__)
-            if isinstance(saved, list):  # several instances are saved as a list
-                saved = saved[0] if saved else None
-            if saved:
-                return BudgetPlan.from_dict(saved["args"]["plan"])
-    budget_file = Path(output_dir) / BUDGET_FILE
-    if budget_file.exists():
-        return BudgetPlan.from_dict(json.loads(budget_file.read_text(encoding="utf-8")))
-    return None

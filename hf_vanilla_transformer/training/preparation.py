@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from datasets import DatasetDict
+from tokenizers import Tokenizer
 from transformers import (
     AutoTokenizer,
     DataCollatorForSeq2Seq,
@@ -31,17 +33,25 @@ from transformers import (
 )
 
 from ..data.batching import TokenBudgetBatchSampler
-from ..data.corpora import load_corpus
+from ..data.corpora import hold_out, load_corpus
 from ..data.errors import CorpusError
-from ..data.tokenizer import check_special_tokens, corpus_texts, tokenize_corpus, train_bpe_tokenizer
+from ..data.preparation import learn_tokenizer, lengths, tokenize_corpus, tokenized_folder, tokenizer_to_text
+from ..data.tokenizer import check_special_tokens, wrap_tokenizer
+from ..evaluation.length_penalty import length_penalty_choices
 from ..evaluation.metrics import seq2seq_bleu_metrics
 from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from ..utils.distributed import main_process_value
 from ..utils.files import write_json_atomically
+from ..utils.stages import SetupClock
 from .arguments import ModelDataArguments, TransformerTrainingArguments, check_run_arguments, parse_config_overrides
-from .calibration import calibration_batches
-from .callbacks import SaveEveryCallback, TimeBudgetCallback, TrainingProgressCallback
+from .callbacks import (
+    SaveEveryCallback,
+    SetupClockCallback,
+    TimeBudgetCallback,
+    TrainingProgressCallback,
+    recorded_plan,
+)
 from .planning import (
     BUDGET_FILE,
     FINISHING_SECONDS,
@@ -49,10 +59,10 @@ from .planning import (
     PlanContext,
     complete_recorded_plan,
     new_plan,
-    recorded_plan,
     trainer_arguments,
     updates_per_epoch,
 )
+from .replanning import RefitRules
 from .trainer import TransformerTrainer, noam_factor
 
 
@@ -68,8 +78,9 @@ class PreparedRun:
     plan: BudgetPlan
     trainer: TransformerTrainer
     tokenizer: PreTrainedTokenizerFast
-    corpus: DatasetDict
+    corpus: DatasetDict  # the held-out splits (the training text is not kept once tokenized)
     budget: TimeBudgetCallback
+    clock: SetupClock
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -77,38 +88,31 @@ class PreparedRun:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def build_tokenizer(
-    recipe: ModelDataArguments, corpus: DatasetDict, output_dir: Path, save: bool = True
-) -> PreTrainedTokenizerFast:
-    """The model's own tokenizer when fine-tuning; else the one of an interrupted run in `output_dir`; else a new
-    shared BPE learned on the training split (§5.1), saved in `output_dir` when `save` (the main process)."""
+def build_tokenizer(recipe: ModelDataArguments, args: TransformerTrainingArguments, train, output_dir: Path):
+    """The model's own tokenizer when fine-tuning; else the one of an interrupted run in `output_dir`; else the
+    shared BPE of the training split (§5.1, `data.preparation.learn_tokenizer`: a capped sample, cached). The main
+    process makes it and hands it to the others as text, so that no process learns it again and no machine needs
+    to see the main one's files; the main process saves it in `output_dir/tokenizer`."""
     if recipe.model_name_or_path:
         return AutoTokenizer.from_pretrained(recipe.model_name_or_path)
-    saved = output_dir / "tokenizer"
-    if (saved / "tokenizer.json").exists():
-        return AutoTokenizer.from_pretrained(saved)
-    vocab_size = vocab_size_for(recipe, corpus["train"])
-    if vocab_size != recipe.vocab_size:
-        logger.info(
-            "vocabulary %d instead of %d: the training split has too few distinct words", vocab_size, recipe.vocab_size
-        )
-    tokenizer = train_bpe_tokenizer(corpus_texts(corpus, "train"), vocab_size=vocab_size)
-    if save:
-        tokenizer.save_pretrained(saved)
-    return tokenizer
-
-
-def vocab_size_for(recipe: ModelDataArguments, train) -> int:
-    """The vocabulary to learn: `vocab_size`, capped by corpus size when `scale_vocab_to_corpus` (a quarter of the
-    distinct whitespace-separated words of both sides, rounded down to 500, at least 1000: the LibreOffice help
-    EN-DE has 60,788, so the CPU recipe's 8,000 stand; 200 pairs have 1,502)."""
-    if not recipe.scale_vocab_to_corpus:
-        return recipe.vocab_size
-    words = set()
-    for batch in train.iter(batch_size=5000):
-        for text in batch["source"] + batch["target"]:
-            words.update(text.split())
-    return min(recipe.vocab_size, max(1000, len(words) // 4 // 500 * 500))
+    tokenizer, text = None, None
+    if args.process_index == 0:
+        saved = output_dir / "tokenizer"
+        if (saved / "tokenizer.json").exists():
+            tokenizer = AutoTokenizer.from_pretrained(saved)
+        else:
+            tokenizer = learn_tokenizer(
+                train,
+                recipe.vocab_size,
+                recipe.scale_vocab_to_corpus,
+                recipe.bpe_sample_pairs,
+                cache_dir=recipe.data_cache_dir,
+            )
+        if args.should_save:
+            tokenizer.save_pretrained(saved)
+        text = tokenizer_to_text(tokenizer)
+    text = main_process_value(text)
+    return tokenizer if tokenizer is not None else wrap_tokenizer(Tokenizer.from_str(text))
 
 
 def build_model(recipe: ModelDataArguments, tokenizer) -> VanillaTransformerForConditionalGeneration:
@@ -155,34 +159,76 @@ def prepare_run(
     check_run_arguments(recipe, args)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    corpus = _load_corpus(recipe, args)
-    # The main process learns and saves the tokenizer; the others load it where they can see it, else learn the
-    # same one (BPE learning is deterministic) without writing it.
-    with args.main_process_first(local=False, desc="tokenizer"):
-        tokenizer = build_tokenizer(recipe, corpus, output_dir, save=args.should_save)
-    encoded = tokenize_corpus(corpus, tokenizer, max_length=recipe.max_length)
-    set_seed(args.seed)  # the initial weights depend on the seed alone (Trainer seeds only after the model exists)
-    model = build_model(recipe, tokenizer)
-    train, evaluation = encoded["train"], _validation_split(recipe, encoded)
-    context = _plan_context(recipe, args, model, tokenizer, train, evaluation, corpus, started)
-    plan = plan_run(context, resume)
-    if plan.preset and plan.preset != recipe.preset:  # the planner chose another size: train that one
-        set_seed(args.seed)
-        model = build_model(dataclasses.replace(recipe, preset=plan.preset), tokenizer)
-    if plan.attn_implementation:
-        model.set_attn_implementation(plan.attn_implementation)
-    plan = complete_recorded_plan(plan, recipe, args, model.config.d_model)
-    budget = TimeBudgetCallback(plan.to_dict(), deadline_seconds=_deadline(plan, resume, started))
-    trainer = _build_trainer(args, plan, model, tokenizer, train, evaluation, [*_callbacks(recipe), budget])
-    return PreparedRun(recipe, args, plan, trainer, tokenizer, corpus, budget)
+    clock = SetupClock(started, rank=args.process_index)
+    corpus, tokenizer, train, evaluation = _prepare_data(recipe, args, output_dir, clock)
+    with clock.stage("model"):
+        set_seed(args.seed)  # the initial weights depend on the seed alone (Trainer seeds only after the model exists)
+        model = build_model(recipe, tokenizer)
+    with clock.stage("lengths and batches") as facts:
+        batches = BatchSamplers(train, args.seed)
+        facts["batches"] = len(batches.of(recipe.max_tokens))
+    with clock.stage("plan"):
+        context = _plan_context(recipe, args, model, tokenizer, train, batches, evaluation, corpus, started)
+        plan = plan_run(context, resume)
+        if plan.preset and plan.preset != recipe.preset:  # the planner chose another size: train that one
+            set_seed(args.seed)
+            model = build_model(dataclasses.replace(recipe, preset=plan.preset), tokenizer)
+        if plan.attn_implementation:
+            model.set_attn_implementation(plan.attn_implementation)
+        plan = complete_recorded_plan(plan, recipe, args, model.config.d_model)
+    rules = refit_rules(recipe, args, plan, context) if plan.max_minutes else None
+    budget = TimeBudgetCallback(plan.to_dict(), _deadline(plan, resume, started), rules)
+    callbacks = [*_callbacks(recipe), budget, SetupClockCallback(clock, output_dir)]
+    bound = (rules.max_updates or 4 * plan.max_steps) if rules is not None else None  # room to re-plan into
+    trainer = _build_trainer(args, plan, model, tokenizer, train, evaluation, batches, callbacks, bound)
+    clock.write(output_dir)
+    return PreparedRun(recipe, args, plan, trainer, tokenizer, corpus, budget, clock)
+
+
+def _prepare_data(recipe, args, output_dir: Path, clock: SetupClock):
+    """(held-out corpus, tokenizer, tokenized training split, tokenized validation pairs or None): the corpus read
+    and the training split tokenized once per machine (the machine's first process does it, the others read the
+    cache), the tokenizer made once per launch. The raw training text is not kept."""
+    with clock.stage("corpus"):
+        corpus = _load_corpus(recipe, args)
+    with clock.stage("tokenizer"):
+        tokenizer = build_tokenizer(recipe, args, corpus["train"], output_dir)
+    with clock.stage("tokenize") as facts:
+        with args.main_process_first(local=True, desc="tokenizing"):
+            folder = tokenized_folder(corpus["train"], tokenizer, recipe.max_length, recipe.data_cache_dir)
+            facts["tokenized_here"] = folder is None or not folder.exists()
+            encoded = tokenize_corpus(
+                corpus, tokenizer, recipe.max_length, recipe.data_cache_dir, recipe.preprocessing_num_workers
+            )
+        facts["pairs"] = len(encoded["train"])
+    held_out = DatasetDict({name: split for name, split in corpus.items() if name != "train"})
+    return held_out, tokenizer, encoded["train"], _validation_split(recipe, encoded)
+
+
+class BatchSamplers:
+    """One token-budget batch sampler per batch size over the training split's length columns, built once and
+    shared by the planner (calibration, epoch sizes) and the Trainer."""
+
+    def __init__(self, train, seed: int):
+        self.source_lengths, self.target_lengths = lengths(train)
+        self.seed = seed
+        self.samplers: dict[int, TokenBudgetBatchSampler] = {}
+
+    def of(self, max_tokens: int) -> TokenBudgetBatchSampler:
+        if max_tokens not in self.samplers:
+            self.samplers[max_tokens] = TokenBudgetBatchSampler(
+                self.source_lengths, self.target_lengths, max_tokens=max_tokens, seed=self.seed
+            )
+        return self.samplers[max_tokens]
 
 
 def _load_corpus(recipe: ModelDataArguments, args: TransformerTrainingArguments) -> DatasetDict:
-    """The corpus; each machine's first process fetches it into its cache, then the others read it instead of
-    racing it to the same files."""
+    """The corpus, with validation and test pairs held out of the training split where none are given; each
+    machine's first process fetches or reads it into the cache, then the others read it instead of racing it to
+    the same files."""
     with args.main_process_first(local=True, desc="corpus"):
         try:
-            return load_corpus(
+            corpus = load_corpus(
                 recipe.dataset,
                 recipe.source_lang,
                 recipe.target_lang,
@@ -190,9 +236,11 @@ def _load_corpus(recipe: ModelDataArguments, args: TransformerTrainingArguments)
                 recipe.validation_files,
                 recipe.test_files,
                 recipe.data_cache_dir,
+                recipe.wmt14_dir,
             )
         except (ValueError, UnicodeDecodeError) as error:  # a bad file or language: one line naming it
             raise CorpusError(str(error)) from error
+    return hold_out(corpus)
 
 
 def _validation_split(recipe: ModelDataArguments, encoded: DatasetDict):
@@ -203,22 +251,17 @@ def _validation_split(recipe: ModelDataArguments, encoded: DatasetDict):
     return evaluation
 
 
-def _batches(train, max_tokens: int, seed: int) -> TokenBudgetBatchSampler:
-    source_lengths, target_lengths = [len(ids) for ids in train["input_ids"]], [len(ids) for ids in train["labels"]]
-    return TokenBudgetBatchSampler(source_lengths, target_lengths, max_tokens=max_tokens, seed=seed)
-
-
-def _plan_context(recipe, args, model, tokenizer, train, evaluation, corpus, started) -> PlanContext:
+def _plan_context(recipe, args, model, tokenizer, train, batches, evaluation, corpus, started) -> PlanContext:
     """What the planner reads: real batches of the training split (a spread of 12 for calibration), the epoch's
     updates at a batch size, the held-out splits' sizes, and a way to build the recipe's other presets."""
     collator = DataCollatorForSeq2Seq(tokenizer, model=model)
 
     def sample_batches(max_tokens: int) -> list[dict]:
-        chosen = calibration_batches(list(iter(_batches(train, max_tokens, args.seed))), count=12)
+        chosen = batches.of(max_tokens).spread(12)
         return [collator([{k: train[i][k] for k in ("input_ids", "labels")} for i in batch]) for batch in chosen]
 
     def epoch_updates(max_tokens: int, accumulation: int) -> int:
-        return updates_per_epoch(_batches(train, max_tokens, args.seed), accumulation, args.world_size)
+        return updates_per_epoch(batches.of(max_tokens), accumulation, args.world_size)
 
     def build(preset: str) -> VanillaTransformerForConditionalGeneration:
         return build_model(dataclasses.replace(recipe, preset=preset), tokenizer)
@@ -254,15 +297,35 @@ def _deadline(plan: BudgetPlan, resume: str | None, started: float) -> float | N
     return plan.max_minutes * 60 - (time.time() - started) - plan.predicted_decode_seconds - FINISHING_SECONDS
 
 
+def refit_rules(recipe, args, plan: BudgetPlan, context: PlanContext) -> RefitRules:
+    """What the budget callback needs to re-fit a budgeted run's length: the recipe's per-run counts, the epoch cap
+    in updates, the held-out decoding to predict, and the first check (halfway to the first checkpoint, after at
+    least 25 updates, at most 200)."""
+    alphas = len(length_penalty_choices(recipe)) if context.validation_pairs is not None else 0
+    per_epoch = context.updates_per_epoch(plan.max_tokens, plan.gradient_accumulation_steps)
+    return RefitRules(
+        checkpoints_per_run=recipe.checkpoints_per_run,
+        evaluations_per_run=recipe.evaluations_per_run,
+        save_steps=args.save_steps,
+        eval_steps=args.eval_steps,
+        validates=args.eval_strategy == "steps" and context.validation_pairs is not None,
+        max_updates=math.floor(recipe.max_epochs * per_epoch) if recipe.max_epochs is not None else None,
+        first_check=max(25, min(200, plan.save_steps // 2)),
+        validation_pairs=context.validation_pairs or 0,
+        test_sentences=context.test_pairs + alphas * (context.validation_pairs or 0),
+        test_beams=recipe.test_beams,
+    )
+
+
 def _callbacks(recipe: ModelDataArguments) -> list:
     return [SaveEveryCallback(recipe.save_minutes)] if recipe.save_minutes else []
 
 
-def _build_trainer(args, plan, model, tokenizer, train, evaluation, callbacks) -> TransformerTrainer:
+def _build_trainer(args, plan, model, tokenizer, train, evaluation, batches, callbacks, bound) -> TransformerTrainer:
     """The Trainer of the plan: the user's arguments with the plan's values (a copy), token-budget batches of the
     plan's size, validation BLEU, and the progress line instead of the plain bar."""
-    planned = trainer_arguments(args, plan, model.config.d_model)
-    sampler = _batches(train, plan.max_tokens, args.seed)
+    planned = trainer_arguments(args, plan, model.config.d_model, max_steps=bound)
+    sampler = batches.of(plan.max_tokens)
     trainer = TransformerTrainer(
         model=model,
         args=planned,

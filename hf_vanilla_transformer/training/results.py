@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..utils.machine import describe_machine
+from .callbacks import TimeBudgetCallback
 from .checkpoints import checkpoint_step
 from .preparation import PreparedRun
 
@@ -53,7 +54,8 @@ def run_results(run: PreparedRun, model, outcome: RunOutcome) -> dict:
         "data": _data(run),
         "recipe": requested(run.recipe, run.args),
         "training": _training(run, outcome),
-        "plan": {**run.plan.to_dict(), "stopped_early_at": run.budget.stopped_early_at},
+        "plan": _plan(run),
+        "setup": run.clock.stages,
         "averaged_checkpoints": [path.name for path in outcome.averaged],
         "test": _test(run, outcome),
         "examples": [
@@ -91,6 +93,18 @@ def requested(recipe, args) -> dict:
         "recipe_file": recipe.recipe,
         "max_minutes": recipe.max_minutes,
         "max_steps": args.max_steps,
+    }
+
+
+def _plan(run: PreparedRun) -> dict:
+    """The plan as the run ended it (re-planned lengths included), with the update time it planned beside the one
+    the Trainer measured (validation and checkpoint pauses apart), and where the deadline stopped it, if it did."""
+    budget = next(c for c in run.trainer.callback_handler.callbacks if isinstance(c, TimeBudgetCallback))
+    return {
+        **run.plan.to_dict(),
+        **budget.plan,
+        "measured_seconds_per_update": budget.meter.seconds_per_update,
+        "stopped_early_at": budget.stopped_early_at,
     }
 
 

@@ -55,6 +55,11 @@ def describe_machine(device: str | torch.device | None = None) -> str:
     return f"{describe_cpu()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
 
 
+def children_peak_rss_bytes() -> int:
+    """The largest peak resident memory of this process's children that have ended (worker processes)."""
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident memory so far."""
     try:  # Linux: the high-water mark of this process's own memory (ru_maxrss survives exec, so a spawned child

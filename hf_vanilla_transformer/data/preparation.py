@@ -1,0 +1,219 @@
+"""Preparing a corpus for training, once per machine: the shared BPE learned on a seeded, capped sample of the
+training split (§5.1), and every split tokenized in parallel into memory-mapped Arrow with its lengths beside it.
+
+* **The BPE** reads at most `bpe_sample_pairs` pairs (both sides), drawn with a seed, as sentencepiece caps its
+  input with `input_sentence_size`: the vocabulary of a few million sentences is the vocabulary of the corpus, and
+  learning it costs minutes instead of hours at WMT's size. It is cached by the corpus and the settings
+  (`cache.py`), so a second run on the same data does not learn it again.
+* **Tokenizing** runs `datasets.map(batched=True, num_proc=...)` over the training split: its text is dropped, ids
+  are stored in the narrowest integer type the vocabulary allows (uint16 up to 65,536 tokens), the source and target
+  lengths are written as columns (the batch sampler reads them as arrays), and pairs longer than `max_length` tokens
+  are dropped inside the map (no row filter, no indices mapping). The held-out splits keep their text (decoding
+  needs it) and every pair. The result is cached under the corpus, the tokenizer and `max_length`: a second run, a
+  resume and the other processes of a launch read it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+from datasets import Dataset, DatasetDict, Features, Sequence, Value, concatenate_datasets
+from transformers import PreTrainedTokenizerFast
+
+from .cache import building, cache_root, complete_folder, dataset_key, prune, text_key, touch
+from .tokenizer import corpus_texts, train_bpe_tokenizer
+
+
+logger = logging.getLogger(__name__)
+
+BPE_SAMPLE_PAIRS = 2_000_000  # pairs (4 million sentences) the BPE reads at most, by default
+BPE_SAMPLE_SEED = 0
+PARALLEL_FROM_PAIRS = 200_000  # a training split at least this large is tokenized in several processes
+MAP_BATCH = 2_000  # pairs per batch of the tokenizing map
+LENGTH_COLUMNS = ("source_length", "target_length")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The shared BPE
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def bpe_sample(train: Dataset, pairs: int | None = BPE_SAMPLE_PAIRS, seed: int = BPE_SAMPLE_SEED) -> Dataset:
+    """The training pairs the BPE reads: all of them, or `pairs` of them drawn with `seed` (in corpus order)."""
+    if pairs is None or len(train) <= pairs:
+        return train
+    if pairs < 1:
+        raise ValueError(f"bpe_sample_pairs={pairs} is invalid; expected a positive number of pairs.")
+    chosen = np.sort(np.random.default_rng(seed).choice(len(train), pairs, replace=False))
+    return train.select(chosen, keep_in_memory=True)
+
+
+def scaled_vocab_size(vocab_size: int, sample: Dataset) -> int:
+    """`vocab_size` capped by corpus size: a quarter of the distinct whitespace-separated words of both sides of
+    the BPE's sample, rounded down to 500, at least 1000 (the LibreOffice help EN-DE has 60,788, so the CPU recipe's
+    8,000 stand; 200 pairs have 1,502)."""
+    words = set()
+    for batch in sample.iter(batch_size=5000):
+        for text in batch["source"] + batch["target"]:
+            words.update(text.split())
+    return min(vocab_size, max(1000, len(words) // 4 // 500 * 500))
+
+
+def learn_tokenizer(
+    train: Dataset,
+    vocab_size: int,
+    scale_to_corpus: bool = False,
+    sample_pairs: int | None = BPE_SAMPLE_PAIRS,
+    seed: int = BPE_SAMPLE_SEED,
+    cache_dir: str | Path | None = None,
+) -> PreTrainedTokenizerFast:
+    """The shared BPE of `train` (learned on `bpe_sample`; `scale_to_corpus` caps the vocabulary as
+    `scaled_vocab_size` does), from the cache when this corpus and these settings were learned before."""
+    key = dataset_key(train)
+    folder = None
+    if key is not None:
+        settings = text_key(key, vocab_size, scale_to_corpus, sample_pairs, seed, "byte-level-bpe-1")
+        folder = cache_root(cache_dir) / "tokenizers" / settings
+        if complete_folder(folder):
+            touch(folder)
+            return PreTrainedTokenizerFast.from_pretrained(folder)
+    sample = bpe_sample(train, sample_pairs, seed)
+    size = scaled_vocab_size(vocab_size, sample) if scale_to_corpus else vocab_size
+    if size != vocab_size:
+        logger.info("vocabulary %d instead of %d: the training split has too few distinct words", size, vocab_size)
+    logger.info("learning a shared BPE of %d tokens on %s training pairs", size, f"{len(sample):,}")
+    tokenizer = train_bpe_tokenizer(corpus_texts(sample), vocab_size=size)
+    if folder is not None:
+        with building(folder) as temporary:
+            tokenizer.save_pretrained(temporary)
+    return tokenizer
+
+
+def tokenizer_to_text(tokenizer: PreTrainedTokenizerFast) -> str:
+    """The tokenizer as one string (its `tokenizer.json`), to hand to the other processes of a launch."""
+    return tokenizer.backend_tokenizer.to_str()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tokenizing
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def token_features(vocab_size: int, lengths: bool = True) -> dict:
+    """The tokenized columns' types: ids in the narrowest integer type for `vocab_size` tokens, int32 lengths."""
+    ids = Sequence(Value("uint16" if vocab_size <= 2**16 else "int32"))
+    columns = {"input_ids": ids, "labels": ids}
+    if lengths:
+        columns.update({name: Value("int32") for name in LENGTH_COLUMNS})
+    return columns
+
+
+def encode_pairs(batch: dict, tokenizer: PreTrainedTokenizerFast, max_length: int | None = None) -> dict:
+    """`input_ids` and `labels` (each ending with </s>, as `tokenizer(sources)` and `tokenizer(text_target=targets)`
+    give them) and their lengths for a batch of pairs; with `max_length`, pairs longer on either side are left out."""
+    backend = tokenizer.backend_tokenizer
+    sources = [encoding.ids for encoding in backend.encode_batch(batch["source"])]
+    targets = [encoding.ids for encoding in backend.encode_batch(batch["target"])]
+    if max_length is not None:
+        kept = [i for i, (s, t) in enumerate(zip(sources, targets, strict=True)) if max(len(s), len(t)) <= max_length]
+        if len(kept) < len(sources):
+            sources, targets = [sources[i] for i in kept], [targets[i] for i in kept]
+    return {
+        "input_ids": sources,
+        "labels": targets,
+        "source_length": [len(ids) for ids in sources],
+        "target_length": [len(ids) for ids in targets],
+    }
+
+
+def tokenize_corpus(
+    corpus: DatasetDict | Dataset,
+    tokenizer: PreTrainedTokenizerFast,
+    max_length: int | None = None,
+    cache_dir: str | Path | None = None,
+    num_proc: int | None = None,
+) -> DatasetDict | Dataset:
+    """`input_ids` and `labels` (both ending with </s>) for every split (see the module docstring): the training
+    split without its text, with its lengths, without the pairs longer than `max_length` tokens on either side; the
+    held-out splits with their text and every pair. A lone `Dataset` is tokenized as a held-out split."""
+    if isinstance(corpus, Dataset):
+        return _tokenize_held_out(corpus, tokenizer)
+    encoded = {name: _tokenize_held_out(split, tokenizer) for name, split in corpus.items() if name != "train"}
+    if "train" in corpus:
+        encoded["train"] = tokenize_training_split(corpus["train"], tokenizer, max_length, cache_dir, num_proc)
+    return DatasetDict({name: encoded[name] for name in corpus})
+
+
+def _tokenize_held_out(split: Dataset, tokenizer: PreTrainedTokenizerFast) -> Dataset:
+    features = Features({**split.features, **token_features(len(tokenizer))})
+    return split.map(
+        encode_pairs,
+        batched=True,
+        fn_kwargs={"tokenizer": tokenizer},
+        features=features,
+        keep_in_memory=True,  # small: nothing written beside the corpus
+        desc="tokenizing held-out pairs",
+    )
+
+
+def tokenized_folder(
+    train: Dataset, tokenizer: PreTrainedTokenizerFast, max_length: int | None, cache_dir: str | Path | None = None
+) -> Path | None:
+    """Where the tokenized training split is cached (whether or not it is there yet); None for a split held in
+    memory, which is not cached."""
+    key = dataset_key(train)
+    if key is None:
+        return None
+    return cache_root(cache_dir) / "tokenized" / key / text_key(tokenizer_to_text(tokenizer), max_length, "tokenized-1")
+
+
+def tokenize_training_split(
+    train: Dataset,
+    tokenizer: PreTrainedTokenizerFast,
+    max_length: int | None = None,
+    cache_dir: str | Path | None = None,
+    num_proc: int | None = None,
+) -> Dataset:
+    """The training split tokenized (see the module docstring), from the cache when it was tokenized before with
+    this tokenizer and `max_length`. `num_proc` None: one process per core for a large split, else one."""
+    if num_proc is None:
+        num_proc = min(os.cpu_count() or 1, 8) if len(train) >= PARALLEL_FROM_PAIRS else 1
+    arguments = dict(
+        function=encode_pairs,
+        batched=True,
+        batch_size=MAP_BATCH,
+        fn_kwargs={"tokenizer": tokenizer, "max_length": max_length},
+        remove_columns=train.column_names,
+        features=Features(token_features(len(tokenizer))),
+        num_proc=num_proc if num_proc > 1 else None,
+        desc="tokenizing the training split",
+    )
+    folder = tokenized_folder(train, tokenizer, max_length, cache_dir)
+    if folder is None:  # held in memory: tokenized in memory
+        return train.map(**arguments, keep_in_memory=True)
+    corpus_folder = folder.parent
+    if complete_folder(folder) is None:
+        with building(folder) as temporary:
+            train.map(**arguments, cache_file_name=str(temporary / "train.arrow"))
+            (temporary / "done.json").write_text(json.dumps({"pairs": len(train), "max_length": max_length}))
+        prune(corpus_folder)
+        logger.info("tokenized %s training pairs into %s", f"{len(train):,}", folder)
+    touch(folder)
+    shards = sorted(folder.glob("train*.arrow"))
+    return concatenate_datasets([Dataset.from_file(str(path)) for path in shards])
+
+
+def lengths(train: Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """The source and target lengths of a tokenized training split, as arrays: its length columns read whole, or
+    (for a split tokenized elsewhere) the lengths of its ids."""
+    if all(name in train.column_names for name in LENGTH_COLUMNS):
+        columns = train.with_format("numpy", columns=list(LENGTH_COLUMNS))
+        return np.asarray(columns["source_length"]), np.asarray(columns["target_length"])
+    return (
+        np.fromiter((len(ids) for ids in train["input_ids"]), dtype=np.int64, count=len(train)),
+        np.fromiter((len(ids) for ids in train["labels"]), dtype=np.int64, count=len(train)),
+    )

@@ -1,0 +1,130 @@
+"""Re-planning a budgeted run from its own updates.
+
+Calibration measures an update before training, on a copy of the model; the Trainer's real updates can run faster
+or slower than that (first-shape effects, another process busy during calibration, a machine that turns slower).
+The §5.3 schedule does not depend on the run's total number of updates, so the run re-fits its length from what it
+measures while training:
+
+1. after `first_check` updates (before the first checkpoint), from the Trainer's own seconds per update;
+2. after every validation, with that validation's and the checkpoints' measured seconds, and the test decoding
+   predicted anew from the validation's decoding speed.
+
+The warmup is kept; the checkpoint spacing and validation cadence follow the new length (the same number of each
+per run), and so does the averaging window (a fraction of the final length). The plan's `replans` records each
+change. A run given `--max_steps N` is never re-planned; a resumed run keeps the length its checkpoint recorded.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from .planning import DECODE_TOKENS_PER_SENTENCE, SAFETY, schedule_for
+
+
+REFIT_ROUNDS = 3  # the fixed costs left depend on the length: a few rounds settle it
+CHANGE_AT_LEAST = 0.01  # a re-plan after a validation moves the length only if it moves it by this fraction
+WARM_UPDATES = 5  # the first updates after the start (or a resume) are not measured: first shapes, first touches
+
+
+@dataclass
+class RefitRules:
+    """What re-fitting a run's length reads beside its plan: the recipe's per-run counts and fixed spacings, the
+    epoch cap, the held-out work to predict, and when to check first."""
+
+    checkpoints_per_run: int | None
+    evaluations_per_run: int | None
+    save_steps: float
+    eval_steps: float | None
+    validates: bool
+    max_updates: int | None  # the max_epochs cap, in updates
+    first_check: int
+    validation_pairs: int = 0
+    test_sentences: int = 0  # decoded after training: the test pairs, and the validation pairs once per alpha
+    test_beams: int = 4
+
+
+def refit(
+    plan: dict,
+    rules: RefitRules,
+    step: int,
+    seconds_per_update: float,
+    seconds_left: float,
+    checkpoint_seconds: float,
+    validation_seconds: float,
+) -> dict:
+    """The plan with the length that fits `seconds_left` of training after update `step` at `seconds_per_update`,
+    once the checkpoints and validations still to come are paid for (`SAFETY` kept back), capped at
+    `rules.max_updates`; its spacing follows, its warmup is kept."""
+    if seconds_per_update <= 0:
+        raise ValueError(f"seconds_per_update={seconds_per_update} is invalid; expected a positive measured time.")
+    usable = max(0.0, seconds_left) * SAFETY
+    length = step + math.floor(usable / seconds_per_update)
+    checkpoints = rules.checkpoints_per_run or 0
+    validations = (rules.evaluations_per_run or 0) if rules.validates else 0
+    for _ in range(REFIT_ROUNDS):
+        still = 1 - step / max(length, step + 1)  # the fraction of the run, and of its events, still to come
+        fixed = still * (checkpoints * checkpoint_seconds + validations * validation_seconds)
+        length = step + max(1, math.floor((usable - fixed) / seconds_per_update))
+    if rules.max_updates is not None:
+        length = max(step + 1, min(length, rules.max_updates))
+    _, save, evaluate = schedule_for(
+        length,
+        plan["warmup_steps"],
+        rules.checkpoints_per_run,
+        rules.evaluations_per_run,
+        rules.save_steps,
+        rules.eval_steps,
+    )
+    return {**plan, "max_steps": length, "save_steps": save, "eval_steps": evaluate}
+
+
+def predicted_decode_seconds(rules: RefitRules, validation_seconds: float, seconds_per_update: float) -> float:
+    """The test decoding (and the choice of alpha) predicted from a validation pass on this machine: its greedy
+    decoding of `validation_pairs` pairs (the pass less its loss batches), scaled to `test_sentences` decoded with
+    `test_beams` beams by the cost of a beam-4 sentence against a greedy one (`DECODE_TOKENS_PER_SENTENCE`)."""
+    loss_batches = rules.validation_pairs / 640 * seconds_per_update  # as planning.py counts them
+    per_sentence = max(0.0, validation_seconds - loss_batches) / max(1, rules.validation_pairs)
+    beam_cost = DECODE_TOKENS_PER_SENTENCE[4] * max(1, rules.test_beams) / 4 / DECODE_TOKENS_PER_SENTENCE[1]
+    return rules.test_sentences * per_sentence * (beam_cost if rules.test_beams > 1 else 1.0)
+
+
+@dataclass
+class UpdateMeter:
+    """The Trainer's own seconds per update, apart from validation and checkpoint pauses, and each pause's seconds.
+
+    `step()` at every update's end, `pause(kind)` at the end of a validation or a checkpoint (both run between one
+    update's end and the next update). The first `WARM_UPDATES` after `start()` are not counted."""
+
+    clock: object = time.monotonic
+    first: int = 0
+    mark: float = 0.0
+    seconds: float = 0.0
+    updates: int = 0
+    pauses: dict = field(default_factory=lambda: {"validation": [], "checkpoint": []})
+
+    def start(self, step: int) -> None:
+        self.first, self.mark, self.seconds, self.updates = step, self.clock(), 0.0, 0
+
+    def step(self, step: int) -> None:
+        now = self.clock()
+        if step > self.first + WARM_UPDATES:
+            self.seconds += now - self.mark
+            self.updates += 1
+        self.mark = now
+
+    def pause(self, kind: str) -> float:
+        now = self.clock()
+        self.pauses[kind].append(now - self.mark)
+        self.mark = now
+        return self.pauses[kind][-1]
+
+    @property
+    def seconds_per_update(self) -> float | None:
+        return self.seconds / self.updates if self.updates else None
+
+    def typical_pause(self, kind: str, estimate: float) -> float:
+        """The mean measured seconds of a `kind` pause, or `estimate` before the first one."""
+        measured = self.pauses[kind]
+        return sum(measured) / len(measured) if measured else estimate
