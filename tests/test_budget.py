@@ -40,6 +40,7 @@ from hf_vanilla_transformer.training.replanning import (
     WARM_UPDATES,
     RefitRules,
     UpdateMeter,
+    better_candidate,
     predicted_decode_seconds,
     refit,
 )
@@ -516,9 +517,135 @@ def test_the_budget_callback_replans_after_its_first_updates_and_after_each_vali
     assert callback.plan["predicted_decode_seconds"] > 80.0
     assert callback.plan["replans"][-1]["after"] == "the validation at update 125"
     assert state.max_steps < first["max_steps"]
+    # The validation that ends a run re-plans nothing (the length is what was trained).
+    state.global_step, ended = state.max_steps, callback.plan["max_steps"]
+    control.should_training_stop = True
+    clock[0] += 60.0
+    callback.on_evaluate(args, state, control)
+    assert callback.plan["max_steps"] == ended == state.max_steps
     # What a checkpoint carries back: a resumed run keeps the length, with no deadline and no re-planning.
     resumed = TimeBudgetCallback(**callback.state()["args"])
     assert resumed.rules is None and resumed.deadline is None
     fresh = TrainerState(max_steps=12404, global_step=600)
     resumed.on_train_begin(args, fresh, TrainerControl())
     assert fresh.max_steps == state.max_steps
+
+
+def _choice(preset: str, tokens: int, seconds: float) -> dict:
+    return {
+        "preset": preset,
+        "max_tokens": tokens,
+        "accumulation": 1,
+        "seconds_per_update": seconds,
+        "updates_per_epoch": 350 if tokens == 2048 else 700,
+    }
+
+
+CHOICES = [
+    _choice("small", 2048, 0.5),
+    _choice("small", 1024, 0.27),
+    _choice("compact", 2048, 0.35),
+    _choice("compact", 1024, 0.19),
+]
+
+
+def test_a_trainer_much_faster_than_calibrated_switches_to_the_largest_choice_that_now_reaches_min_updates():
+    rules = dataclasses.replace(REFIT_RULES, min_updates=3000, max_epochs=20)
+    plan = {"preset": "compact", "max_tokens": 1024, "candidates": CHOICES}
+    # 1,300 s left, less 20 s to start again and the whole run's 12 x 1 s + 6 x 20 s, 97% usable: 1,109.6 s. At
+    # 0.7 of every calibrated time, small with 2,048 tokens makes 0.35 s per update: 3,170 updates, enough.
+    assert better_candidate(plan, rules, 0.7, 1300.0, 1.0, 20.0) == {
+        **CHOICES[0],
+        "seconds_per_update": 0.35,
+        "max_steps": 3170,
+    }
+    # At 0.8: small with 2,048 reaches 2,774 only; with 1,024 tokens (0.216 s), 5,137.
+    assert better_candidate(plan, rules, 0.8, 1300.0, 1.0, 20.0)["max_tokens"] == 1024
+    # Small with 2,048 tokens capped at 8 epochs (2,800 updates) is not enough either.
+    assert (
+        better_candidate(plan, dataclasses.replace(rules, max_epochs=8), 0.7, 1300.0, 1.0, 20.0)["max_tokens"] == 1024
+    )
+    # Close to the calibration, or nothing earlier that fits, or no rule to reach: no switch.
+    assert better_candidate(plan, rules, 0.95, 1300.0, 1.0, 20.0) is None
+    assert better_candidate(plan, rules, 0.7, 300.0, 1.0, 20.0) is None
+    assert better_candidate(plan, dataclasses.replace(rules, min_updates=None), 0.5, 1300.0, 1.0, 20.0) is None
+    assert better_candidate({**plan, "preset": "small", "max_tokens": 2048}, rules, 0.5, 1300.0, 1.0, 20.0) is None
+
+
+def test_the_first_check_stops_a_run_whose_choice_proved_wrong_before_any_checkpoint(monkeypatch, tmp_path):
+    from transformers import TrainingArguments
+
+    from hf_vanilla_transformer.training import callbacks as callbacks_module
+
+    clock = [0.0]
+    monkeypatch.setattr(callbacks_module.time, "monotonic", lambda: clock[0])
+    plan = {
+        **PLANNED,
+        "preset": "compact",
+        "max_tokens": 1024,
+        "candidates": CHOICES,
+        "seconds_per_update": 0.19,
+        "checkpoint_seconds": 1.0,
+        "validation_seconds": 20.0,
+        "predicted_decode_seconds": 80.0,
+    }
+    rules = dataclasses.replace(REFIT_RULES, min_updates=3000, max_epochs=20)
+    callback = TimeBudgetCallback(plan, deadline_seconds=1325.0, rules=rules)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    state, control = TrainerState(max_steps=12404, global_step=0), TrainerControl()
+    callback.on_train_begin(args, state, control)
+    for step in range(1, 126):  # 0.133 s per update: 0.7 of the calibration
+        clock[0] += 0.133
+        state.global_step = step
+        callback.on_step_end(args, state, control)
+    assert control.should_training_stop and not control.should_save
+    assert (callback.switch["preset"], callback.switch["max_tokens"]) == ("small", 2048)
+    assert callback.switch["seconds_per_update"] == pytest.approx(0.5 * 0.133 / 0.19)
+    assert "replans" not in callback.plan  # no re-plan of a run that starts again
+
+
+@pytest.mark.slow
+def test_a_run_switched_at_its_first_check_starts_again_with_the_choice_and_records_it(tmp_path, monkeypatch):
+    from hf_vanilla_transformer.training import callbacks as callbacks_module
+    from hf_vanilla_transformer.training.run import train_and_evaluate
+
+    def switch_to_the_first(plan, rules, ratio, *args):  # as if the Trainer were 3x faster than calibrated
+        first = plan["candidates"][0]
+        return {**first, "seconds_per_update": first["seconds_per_update"] / 3, "max_steps": 40}
+
+    monkeypatch.setattr(callbacks_module, "better_candidate", switch_to_the_first)
+    recipe = ModelDataArguments(
+        preset="small",
+        preset_choices="small,tiny",
+        min_updates=10**9,
+        max_minutes=3,
+        max_tokens=1024,
+        max_tokens_choices="1024,512",
+        vocab_size=500,
+        data_files=TRAIN_200,
+        validation_files=TEST_40,
+        test_files=TEST_40,
+        max_eval_samples=10,
+        precision="fp32",
+        attn_implementation="sdpa",
+        test_beams=1,
+        checkpoints_per_run=4,
+        max_epochs=1000,
+    )
+    args = TransformerTrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        warmup_steps=10,
+        seed=3,
+        use_cpu=True,
+        disable_tqdm=True,
+        report_to=[],
+        eval_strategy="no",
+    )
+    results = train_and_evaluate(recipe, args)
+    plan = results["plan"]
+    assert plan["switched_from"]["preset"] == "tiny" and plan["switched_from"]["max_tokens"] == 512
+    assert plan["switched_from"]["at"] >= 25  # the first check, before any checkpoint of the first run
+    assert (plan["preset"], plan["max_tokens"]) == ("small", 1024) and results["model"]["d_model"] == 256
+    assert results["recipe"]["preset_choices"] == "small,tiny"  # what the user asked for, still
+    steps = [int(p.name.split("-")[1]) for p in (tmp_path / "run").glob("checkpoint-*")]
+    assert max(steps) == results["training"]["steps"] and min(steps) >= plan["save_steps"]  # only the second run's

@@ -284,6 +284,10 @@ def test_wmt14_reads_a_local_copy_of_the_hubs_parquet_files_offline_in_both_dire
     assert en_de["train"]["source"] == ["Hello", "World", "File"] and en_de["test"]["target"][0] == "Speichern Sie."
     de_en = corpora.load_corpus("wmt14", "de", "en", cache_dir=tmp_path / "cache", wmt14_dir=tmp_path / "wmt14")
     assert de_en["validation"][0] == {"source": "Öffnen", "target": "Open"}
+    # The same files read the other way round are another corpus to the caches of the BPE and the tokenized split.
+    from hf_vanilla_transformer.data.cache import dataset_key
+
+    assert dataset_key(en_de["train"]) != dataset_key(de_en["train"]) and dataset_key(en_de["train"]) is not None
     # The columns of the memory-mapped Arrow files the first load wrote: a second load reads them, converting nothing.
     files = {entry["filename"] for entry in en_de["train"].cache_files}
     assert files and all(name.startswith(str(tmp_path / "cache")) for name in files)

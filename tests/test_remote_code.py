@@ -92,7 +92,9 @@ def test_the_modeling_file_reads_like_the_paper():
 
     import hf_vanilla_transformer.model
 
-    source = pathlib.Path(hf_vanilla_transformer.model.__file__).with_name("modeling_vanilla_transformer.py").read_text()
+    source = (
+        pathlib.Path(hf_vanilla_transformer.model.__file__).with_name("modeling_vanilla_transformer.py").read_text()
+    )
     assert len(source.splitlines()) <= 720
     for moved in (
         "class _LinearLabelSmoothedLoss",

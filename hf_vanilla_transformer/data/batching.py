@@ -66,7 +66,7 @@ def length_groups(sources: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray,
     stable sort of 16-bit integers is a radix sort)."""
     width = int(targets.max(initial=0)) + 1
     keys = sources * width + targets
-    if int(keys.max(initial=0)) < 2**26:  # a table of every possible key: linear time
+    if int(keys.max(initial=0)) < 2**22:  # a table of every possible key (32 MB at most): linear time
         present = np.bincount(keys) > 0
         distinct = np.flatnonzero(present)
         groups = (np.cumsum(present) - 1)[keys]
@@ -169,10 +169,10 @@ def batch_starts(
     for count, source, target in zip(run_sizes.tolist(), run_sources.tolist(), run_targets.tolist(), strict=True):
         taken = 0
         if size:  # 1. the open batch takes what fits of this run
-            taken = max(0, min(min(max_tokens // max(source, longest_target, target), cap) - size, count))
+            taken = max(0, min(min(max_tokens // max(1, source, longest_target, target), cap) - size, count))
             size, longest_target = size + taken, max(longest_target, target)
         if taken < count:  # 2. the rest opens batches of `per` pairs each (a pair too long alone: one)
-            per = max(1, min(max_tokens // max(source, target), cap))
+            per = max(1, min(max_tokens // max(1, source, target), cap))
             rest = count - taken
             opened = -(-rest // per)
             starts.append(start + taken + per * np.arange(opened))

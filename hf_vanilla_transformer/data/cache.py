@@ -17,7 +17,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
+import socket
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -60,11 +63,9 @@ def dataset_key(dataset: Dataset) -> str | None:
     if not files:
         return None
     stats = [(name, os.path.getsize(name), os.stat(name).st_mtime_ns) for name in sorted(files)]
-    selected = None
-    if dataset._indices is not None:  # a selection of the rows (hold_out): a key of which
-        indices = dataset._indices.column(0).combine_chunks()
-        selected = hashlib.blake2b(indices.buffers()[1], digest_size=10).hexdigest()
-    return text_key(stats, dataset.num_rows, dataset.column_names, selected)
+    # The fingerprint follows every transform of the files' table (which column became `source`, which rows a
+    # selection keeps) and is the same in every process that loads the same files.
+    return text_key(stats, dataset.num_rows, dataset.column_names, dataset._fingerprint)
 
 
 def complete_folder(path: Path) -> Path | None:
@@ -78,20 +79,23 @@ def publish_folder(temporary: Path, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         temporary.rename(path)
-    except OSError:  # the folder exists: another process of the launch was first
+    except OSError:
         shutil.rmtree(temporary, ignore_errors=True)
+        if not path.is_dir():  # not another process that was first: a real failure
+            raise
     return path
 
 
 def temporary_folder(path: Path) -> Path:
-    """A fresh folder beside `path` to write it in, unique to this process; those a killed process left for the
-    same `path` are removed."""
+    """A fresh folder beside `path` to write it in, unique to this process on this machine (a cache folder may be
+    shared storage); those a killed process of this machine left for the same `path` are removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in path.parent.glob(f"{path.name}.tmp-*"):
-        pid = leftover.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+    host = socket.gethostname().replace("-", "_")
+    for leftover in path.parent.glob(f"{path.name}.tmp-{host}-*"):
+        pid = leftover.name.split("-")[-2]
+        if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(leftover, ignore_errors=True)
-    temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    temporary = path.with_name(f"{path.name}.tmp-{host}-{os.getpid()}-{secrets.token_hex(4)}")
     temporary.mkdir()
     return temporary
 
@@ -119,9 +123,9 @@ def building(path: Path):
     publish_folder(temporary, path)
 
 
-def prune(folder: Path, keep: int = KEEP_TOKENIZED) -> list[Path]:
-    """Remove all but the `keep` most recently used entries of `folder` (temporary folders of live processes are
-    left alone); returns what was removed."""
+def prune(folder: Path, keep: int = KEEP_TOKENIZED, idle_seconds: float = 3600.0) -> list[Path]:
+    """Remove all but the `keep` most recently used entries of `folder`, and of those only entries unused for
+    `idle_seconds` (another run may have just found one); temporary folders are left alone. Returns what went."""
     if not folder.is_dir():
         return []
     entries = sorted(
@@ -129,7 +133,8 @@ def prune(folder: Path, keep: int = KEEP_TOKENIZED) -> list[Path]:
         key=lambda entry: entry.stat().st_mtime,
         reverse=True,
     )
-    removed = entries[keep:]
+    now = time.time()
+    removed = [entry for entry in entries[keep:] if now - entry.stat().st_mtime > idle_seconds]
     for entry in removed:
         shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
     return removed

@@ -15,7 +15,6 @@ training split (§5.1), and every split tokenized in parallel into memory-mapped
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -199,7 +198,6 @@ def tokenize_training_split(
     if complete_folder(folder) is None:
         with building(folder) as temporary:
             train.map(**arguments, cache_file_name=str(temporary / "train.arrow"))
-            (temporary / "done.json").write_text(json.dumps({"pairs": len(train), "max_length": max_length}))
         prune(corpus_folder)
         logger.info("tokenized %s training pairs into %s", f"{len(train):,}", folder)
     touch(folder)

@@ -140,15 +140,13 @@ def _update(model, optimizer, batch: dict, precision: str) -> None:
 
 
 def trainer_optimizer(args) -> Callable:
-    """`parameters -> optimizer` as `Trainer` builds it for `args` (None: the paper's Adam betas and epsilon with
-    transformers' default optimizer, fused AdamW): the calibration's update is the Trainer's update. The plain
+    """`parameters -> optimizer` as `Trainer` builds it for `args` (None: transformers' default optimizer, fused
+    AdamW, with the paper's betas and epsilon): the calibration's update is the Trainer's update. The plain
     `torch.optim.Adam` steps parameter by parameter on a CPU, a cost the Trainer does not pay."""
+    if args is None:  # (a new TrainingArguments would reset the accelerate state of a Trainer that exists)
+        return lambda parameters: torch.optim.AdamW(parameters, lr=1e-5, betas=(0.9, 0.98), eps=1e-9, fused=True)
     from transformers import Trainer
 
-    from .arguments import TransformerTrainingArguments
-
-    if args is None:
-        args = TransformerTrainingArguments(output_dir=tempfile.gettempdir(), use_cpu=True, report_to=[])
     optimizer_class, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
     return lambda parameters: optimizer_class(parameters, **kwargs)
 

@@ -15,7 +15,14 @@ from transformers.trainer_callback import ExportableState
 from ..utils.distributed import main_process_decides, main_process_value
 from ..utils.files import write_json_atomically
 from .planning import BUDGET_FILE, BudgetPlan
-from .replanning import CHANGE_AT_LEAST, RefitRules, UpdateMeter, predicted_decode_seconds, refit
+from .replanning import (
+    CHANGE_AT_LEAST,
+    RefitRules,
+    UpdateMeter,
+    better_candidate,
+    predicted_decode_seconds,
+    refit,
+)
 
 
 logger = logging.getLogger(__name__)
@@ -62,6 +69,7 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         self.meter = UpdateMeter(clock=time.monotonic)
         self.stopped_early_at: int | None = None
         self.checked = False
+        self.switch: dict | None = None  # a better choice of model and batch size, for run.py to start again with
 
     def state(self) -> dict:
         return {"args": {"plan": self.plan}, "attributes": {}}
@@ -76,7 +84,13 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         self.meter.step(state.global_step)
         if self.rules is not None and not self.checked and state.global_step >= self.rules.first_check:
             self.checked = True
-            self._replan(args, state, "its first updates", always=True)
+            if self._switch(args, state):
+                # Before any checkpoint of this choice: run.py starts again with the switch.
+                control.should_training_stop = True
+                control.should_save = control.should_evaluate = False
+                return control
+            if not control.should_training_stop:
+                self._replan(args, state, "its first updates", always=True)
         if self.deadline is None or state.global_step >= state.max_steps:
             return control
         # The main process decides: every process stops at the same update.
@@ -94,7 +108,8 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
 
     def on_evaluate(self, args, state, control, **kwargs):
         seconds = self.meter.pause("validation")
-        if self.rules is not None and self.meter.seconds_per_update is not None:
+        finished = control.should_training_stop or state.global_step >= state.max_steps  # the run's last validation
+        if self.rules is not None and self.meter.seconds_per_update is not None and not finished:
             # The test decoding, predicted anew from this validation's decoding speed, moves the deadline.
             decode = predicted_decode_seconds(self.rules, seconds, self.meter.seconds_per_update)
             self.deadline += (self.plan.get("predicted_decode_seconds") or 0.0) - decode
@@ -111,6 +126,29 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         state.save_steps = self.plan["save_steps"]
         if self.plan.get("eval_steps"):
             state.eval_steps = self.plan["eval_steps"]
+
+    def _switch(self, args, state) -> bool:
+        """Whether the first updates prove the calibrated choice of model and batch size wrong enough to start
+        again with a better one (`replanning.better_candidate`); every process takes the main process's answer."""
+        rate, planned = self.meter.seconds_per_update, self.plan.get("seconds_per_update")
+        if rate is None or not planned:
+            return False
+        checkpoint = self.plan.get("checkpoint_seconds") or 0.0
+        validation = self.plan.get("validation_seconds") or 0.0
+        left = self.deadline - time.monotonic()
+        choice = better_candidate(self.plan, self.rules, rate / planned, left, checkpoint, validation)
+        self.switch = main_process_value(choice)
+        if self.switch is not None:
+            logger.warning(
+                "%.3f s per update measured where the calibration said %.3f: the %s model with batches of %s tokens "
+                "reaches %s updates here; starting again with it",
+                rate,
+                planned,
+                self.switch["preset"],
+                f"{self.switch['max_tokens']:,}",
+                f"{self.switch['max_steps']:,}",
+            )
+        return self.switch is not None
 
     def _replan(self, args, state, after: str, always: bool = False) -> None:
         """Re-fit the length from the measured speed (every process takes the main process's new plan)."""
@@ -159,7 +197,12 @@ class SetupClockCallback(TrainerCallback):
 
 class TrainingProgressCallback(ProgressCallback):
     """The progress bar, with one readable line per log instead of a dict: update, loss, learning rate, source
-    tokens per second (padding excluded, all processes), validation BLEU when there is one, time so far and left."""
+    tokens per second (padding excluded, all processes), seconds per update (beside the plan's, where a budget
+    planned it), validation BLEU when there is one, time so far and left."""
+
+    def __init__(self, planned_seconds_per_update: float | None = None):
+        super().__init__()
+        self.planned = planned_seconds_per_update
 
     def on_train_begin(self, args, state, control, **kwargs):
         super().on_train_begin(args, state, control, **kwargs)
@@ -203,7 +246,8 @@ class TrainingProgressCallback(ProgressCallback):
         if now > last_time and tokens > last_tokens:
             parts.append(f"{(tokens - last_tokens) / (now - last_time):,.0f} source tok/s")
         if now > last_time and step > last_step:
-            parts.append(f"{(now - last_time) / (step - last_step):.3f} s/update")
+            planned = f" ({self.planned:.3f} planned)" if self.planned else ""
+            parts.append(f"{(now - last_time) / (step - last_step):.3f} s/update{planned}")
         started_time, started_step = self.started
         elapsed = now - started_time
         if step > started_step:

@@ -24,8 +24,8 @@ def mark_complete(folder: str | Path, step: int) -> None:
     os.replace(temporary, Path(folder) / COMPLETE)
 
 
-def checkpoint_folders(output_dir: str | Path) -> list[Path]:
-    """Complete `checkpoint-<step>` folders of a run, oldest first.
+def checkpoint_folders(output_dir: str | Path, complete_only: bool = True) -> list[Path]:
+    """Complete `checkpoint-<step>` folders of a run, oldest first (with `complete_only=False`, every one).
 
     Runs of this package mark a checkpoint complete with a `.complete` file written after everything else, so a
     checkpoint interrupted while being written is never taken for a complete one. For a run made by another
@@ -39,6 +39,8 @@ def checkpoint_folders(output_dir: str | Path) -> list[Path]:
         if match and path.is_dir():
             found.append((int(match.group(1)), path))
     found.sort()
+    if not complete_only:
+        return [path for _, path in found]
     marked = [path for _, path in found if (path / COMPLETE).exists()]
     if marked:
         return marked

@@ -61,7 +61,7 @@ class BudgetPlan:
     precision: str  # "bf16" or "fp32"
     attn_implementation: str | None
     max_tokens: int | None = None  # padded source (and target) tokens per batch
-    preset: str | None = None  # the model size chosen from preset_choices (None: the recipe's preset)
+    preset: str | None = None  # the model size trained by a budgeted run (None: the recipe's preset)
     max_minutes: float | None = None  # None: the length was given (--max_steps)
     seconds_per_update: float | None = None  # measured, for the chosen precision and attention
     planned_training_seconds: float | None = None  # updates, validation and checkpoints
@@ -73,6 +73,10 @@ class BudgetPlan:
     checkpoint_seconds: float | None = None  # predicted for one checkpoint, one validation (re-plans measure them)
     validation_seconds: float | None = None
     replans: list[dict] = field(default_factory=list)  # each re-fit of the length from the run's own updates
+    # Every (preset, batch size) calibrated, in the recipe's order of preference, with its seconds per update: what
+    # the run may switch to when its own updates prove the calibration wrong (replanning.better_candidate).
+    candidates: list[dict] = field(default_factory=list)
+    switched_from: dict | None = None  # the choice a switch left, and why
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -105,6 +109,7 @@ class PlanContext:
     test_pairs: int
     started: float
     build: Callable[[str], torch.nn.Module] | None = None
+    known: Measurement | None = None  # a run switched to another choice: its seconds, measured by the Trainer
 
     @property
     def budgeted(self) -> bool:
@@ -239,16 +244,19 @@ def new_plan(context: PlanContext) -> BudgetPlan:
         return _given_length_plan(context)
     sizes = token_choices(recipe)
     presets = preset_choices(recipe) if context.build is not None else [recipe.preset]
-    measured, reasons, fixed = {}, [], None
+    measured, reasons, fixed, candidates = {}, [], None, []
     for index, preset in enumerate(presets):
         model = context.model if preset == recipe.preset else context.build(preset)
         # 1. Precision, attention and the time of a batch at each size; a smaller preset keeps the precision and
-        #    attention measured on the first.
-        measurement = measure_choices(recipe, context.args, model, context.sample_batches, sizes, True, fixed)
+        #    attention measured on the first. A run switched to another choice knows its time already.
+        measurement = context.known or measure_choices(
+            recipe, context.args, model, context.sample_batches, sizes, True, fixed
+        )
         fixed = (measurement.precision, measurement.attention)
         prefix = f"{preset}/" if len(presets) > 1 else ""
         measured.update({prefix + name: seconds for name, seconds in measurement.measured.items()})
         reasons = reasons or measurement.reasons
+        candidates += [_candidate(context, preset, size, measurement.per_size[size]) for size in sizes]
         # 2. The number of updates (and the batch size): what fits the budget.
         fit = fit_budget(context, model, sizes, measurement.per_size)
         if fit.enough or index == len(presets) - 1:
@@ -264,13 +272,26 @@ def new_plan(context: PlanContext) -> BudgetPlan:
         rule = "the largest that gives" if fit.enough else "none gives"
         reason = f"the {preset} model ({', '.join(presets)}: {rule} {recipe.min_updates or 0:,} updates); {reason}"
     plan = _schedule(context, model, fit.max_steps, fit.max_tokens, measurement, [*reasons, reason], measured)
-    plan.preset = preset if len(presets) > 1 else None
+    plan.preset = preset
     plan.max_minutes = recipe.max_minutes
     plan.seconds_per_update = fit.seconds_per_update
     plan.planned_training_seconds = fit.training_seconds
     plan.predicted_decode_seconds = fit.decode_seconds
     plan.checkpoint_seconds, plan.validation_seconds = fit.checkpoint_seconds, fit.validation_seconds
+    plan.candidates = candidates
     return plan
+
+
+def _candidate(context: PlanContext, preset: str, max_tokens: int, seconds_per_batch: float) -> dict:
+    """A calibrated choice: its preset, batch size, accumulation, seconds per update and updates per epoch."""
+    accumulation = accumulation_for(context.recipe, context.args, max_tokens)
+    return {
+        "preset": preset,
+        "max_tokens": max_tokens,
+        "accumulation": accumulation,
+        "seconds_per_update": seconds_per_batch * accumulation,
+        "updates_per_epoch": context.updates_per_epoch(max_tokens, accumulation),
+    }
 
 
 def _given_length_plan(context: PlanContext) -> BudgetPlan:
@@ -363,7 +384,7 @@ def _updates_for_budget(
     `max_tokens` padded tokens per side and process, once set-up so far, the checkpoints, the validations and the
     test decoding are paid for."""
     recipe = context.recipe
-    update = seconds_per_update * TRAINER_OVERHEAD
+    update = seconds_per_update * (1.0 if context.known else TRAINER_OVERHEAD)  # a known time is the Trainer's
     decode, validation_seconds, validations = _finishing_seconds(context, update, max_tokens * accumulation)
     checkpoints = recipe.checkpoints_per_run or 0
     spent = time.time() - context.started

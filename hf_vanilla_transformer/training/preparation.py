@@ -45,6 +45,7 @@ from ..utils.distributed import main_process_value
 from ..utils.files import write_json_atomically
 from ..utils.stages import SetupClock
 from .arguments import ModelDataArguments, TransformerTrainingArguments, check_run_arguments, parse_config_overrides
+from .calibration import Measurement
 from .callbacks import (
     SaveEveryCallback,
     SetupClockCallback,
@@ -97,22 +98,30 @@ def build_tokenizer(recipe: ModelDataArguments, args: TransformerTrainingArgumen
         return AutoTokenizer.from_pretrained(recipe.model_name_or_path)
     tokenizer, text = None, None
     if args.process_index == 0:
-        saved = output_dir / "tokenizer"
-        if (saved / "tokenizer.json").exists():
-            tokenizer = AutoTokenizer.from_pretrained(saved)
-        else:
-            tokenizer = learn_tokenizer(
-                train,
-                recipe.vocab_size,
-                recipe.scale_vocab_to_corpus,
-                recipe.bpe_sample_pairs,
-                cache_dir=recipe.data_cache_dir,
-            )
-        if args.should_save:
-            tokenizer.save_pretrained(saved)
-        text = tokenizer_to_text(tokenizer)
+        tokenizer = _result_or_error(_main_tokenizer, recipe, args, train, output_dir)
+        text = tokenizer if isinstance(tokenizer, Exception) else tokenizer_to_text(tokenizer)
     text = main_process_value(text)
+    if isinstance(text, Exception):  # the main process failed: every process stops with its error
+        raise text
     return tokenizer if tokenizer is not None else wrap_tokenizer(Tokenizer.from_str(text))
+
+
+def _main_tokenizer(recipe: ModelDataArguments, args: TransformerTrainingArguments, train, output_dir: Path):
+    """The main process's tokenizer: the interrupted run's, else the shared BPE (cached); saved for resuming."""
+    saved = output_dir / "tokenizer"
+    if (saved / "tokenizer.json").exists():
+        tokenizer = AutoTokenizer.from_pretrained(saved)
+    else:
+        tokenizer = learn_tokenizer(
+            train,
+            recipe.vocab_size,
+            recipe.scale_vocab_to_corpus,
+            recipe.bpe_sample_pairs,
+            cache_dir=recipe.data_cache_dir,
+        )
+    if args.should_save:
+        tokenizer.save_pretrained(saved)
+    return tokenizer
 
 
 def build_model(recipe: ModelDataArguments, tokenizer) -> VanillaTransformerForConditionalGeneration:
@@ -151,10 +160,12 @@ def prepare_run(
     args: TransformerTrainingArguments,
     resume: str | None = None,
     started: float | None = None,
+    known: Measurement | None = None,
 ) -> PreparedRun:
     """Corpus, tokenizer, model, batches and the run's plan (its length, schedule, precision, attention, batch and
     model size; measured to fit `max_minutes` where given, taken from the checkpoint `resume` when resuming), and the
-    Trainer that runs it. `started` (time.time()) is when the budget's clock started."""
+    Trainer that runs it. `started` (time.time()) is when the budget's clock started; `known` the time of an update
+    the Trainer measured (a run started again with another choice), used instead of a calibration."""
     started = time.time() if started is None else started
     check_run_arguments(recipe, args)
     output_dir = Path(args.output_dir)
@@ -169,6 +180,7 @@ def prepare_run(
         facts["batches"] = len(batches.of(recipe.max_tokens))
     with clock.stage("plan"):
         context = _plan_context(recipe, args, model, tokenizer, train, batches, evaluation, corpus, started)
+        context.known = known
         plan = plan_run(context, resume)
         if plan.preset and plan.preset != recipe.preset:  # the planner chose another size: train that one
             set_seed(args.seed)
@@ -179,7 +191,7 @@ def prepare_run(
     rules = refit_rules(recipe, args, plan, context) if plan.max_minutes else None
     budget = TimeBudgetCallback(plan.to_dict(), _deadline(plan, resume, started), rules)
     callbacks = [*_callbacks(recipe), budget, SetupClockCallback(clock, output_dir)]
-    bound = (rules.max_updates or 4 * plan.max_steps) if rules is not None else None  # room to re-plan into
+    bound = rules.max_updates if rules is not None else None  # room to re-plan into
     trainer = _build_trainer(args, plan, model, tokenizer, train, evaluation, batches, callbacks, bound)
     clock.write(output_dir)
     return PreparedRun(recipe, args, plan, trainer, tokenizer, corpus, budget, clock)
@@ -280,13 +292,24 @@ def plan_run(context: PlanContext, resume: str | None = None) -> BudgetPlan:
     args = context.args
     if resume is not None or context.budgeted:
         kept = recorded_plan(args.output_dir, resume)
-        if kept is not None:
+        if kept is not None and (resume is not None or kept.max_minutes is not None):
             logger.info("keeping the plan of the run being resumed: %s", kept.summary())
             return kept
-    plan = main_process_value(new_plan(context))
+    plan = main_process_value(_result_or_error(new_plan, context))
+    if isinstance(plan, Exception):  # the main process failed: every process stops with its error
+        raise plan
     if args.should_save:
         write_json_atomically(Path(args.output_dir) / BUDGET_FILE, plan.to_dict())
     return plan
+
+
+def _result_or_error(function, *arguments):
+    """`function(*arguments)`, or the exception it raised: a process that fails before a collective still joins it
+    (every process must), and every process then raises the main process's error."""
+    try:
+        return function(*arguments)
+    except Exception as error:
+        return error
 
 
 def _deadline(plan: BudgetPlan, resume: str | None, started: float) -> float | None:
@@ -303,17 +326,22 @@ def refit_rules(recipe, args, plan: BudgetPlan, context: PlanContext) -> RefitRu
     least 25 updates, at most 200)."""
     alphas = len(length_penalty_choices(recipe)) if context.validation_pairs is not None else 0
     per_epoch = context.updates_per_epoch(plan.max_tokens, plan.gradient_accumulation_steps)
+    # The Trainer runs to this bound (the epoch cap, else ten times the plan): a re-plan never goes past it.
+    bound = math.floor(recipe.max_epochs * per_epoch) if recipe.max_epochs is not None else 10 * plan.max_steps
     return RefitRules(
         checkpoints_per_run=recipe.checkpoints_per_run,
         evaluations_per_run=recipe.evaluations_per_run,
         save_steps=args.save_steps,
         eval_steps=args.eval_steps,
         validates=args.eval_strategy == "steps" and context.validation_pairs is not None,
-        max_updates=math.floor(recipe.max_epochs * per_epoch) if recipe.max_epochs is not None else None,
-        first_check=max(25, min(200, plan.save_steps // 2)),
+        max_updates=max(bound, plan.max_steps),
+        first_check=min(200, max(1, plan.save_steps // 2)),  # before the first checkpoint
         validation_pairs=context.validation_pairs or 0,
         test_sentences=context.test_pairs + alphas * (context.validation_pairs or 0),
         test_beams=recipe.test_beams,
+        min_updates=recipe.min_updates,
+        max_epochs=recipe.max_epochs,
+        validation_beams=args.generation_num_beams or 1,
     )
 
 
@@ -338,7 +366,7 @@ def _build_trainer(args, plan, model, tokenizer, train, evaluation, batches, cal
         callbacks=callbacks,
     )
     if trainer.pop_callback(ProgressCallback) is not None:
-        trainer.add_callback(TrainingProgressCallback())
+        trainer.add_callback(TrainingProgressCallback(plan.seconds_per_update if plan.max_minutes else None))
     logger.info(
         "%d training pairs in %d batches of ~%.0f padded tokens; %d accumulation steps; peak lr %.2e",
         len(train),

@@ -9,6 +9,12 @@ measures while training:
 2. after every validation, with that validation's and the checkpoints' measured seconds, and the test decoding
    predicted anew from the validation's decoding speed.
 
+Where the first check finds the Trainer clearly faster than calibrated (by `SWITCH_BELOW`), the calibration's
+choice of model and batch size was made on times the Trainer does not take: the same correction applied to every
+choice calibrated, an earlier (larger) one may reach the recipe's `min_updates` after all. The run then stops
+before its first checkpoint and starts again with that choice (`better_candidate`), its time known, not measured
+again: a minute of updates is the price of the model the machine can afford.
+
 The warmup is kept; the checkpoint spacing and validation cadence follow the new length (the same number of each
 per run), and so does the averaging window (a fraction of the final length). The plan's `replans` records each
 change. A run given `--max_steps N` is never re-planned; a resumed run keeps the length its checkpoint recorded.
@@ -25,6 +31,8 @@ from .planning import DECODE_TOKENS_PER_SENTENCE, SAFETY, schedule_for
 
 REFIT_ROUNDS = 3  # the fixed costs left depend on the length: a few rounds settle it
 CHANGE_AT_LEAST = 0.01  # a re-plan after a validation moves the length only if it moves it by this fraction
+SWITCH_BELOW = 0.9  # measured / calibrated seconds per update below which a larger choice is reconsidered
+RESTART_SECONDS = 20.0  # what starting again costs (the data is cached): a model, a Trainer, the first updates
 WARM_UPDATES = 5  # the first updates after the start (or a resume) are not measured: first shapes, first touches
 
 
@@ -38,11 +46,14 @@ class RefitRules:
     save_steps: float
     eval_steps: float | None
     validates: bool
-    max_updates: int | None  # the max_epochs cap, in updates
+    max_updates: int | None  # the max_epochs cap, in updates, or the Trainer's upper bound
     first_check: int
     validation_pairs: int = 0
     test_sentences: int = 0  # decoded after training: the test pairs, and the validation pairs once per alpha
     test_beams: int = 4
+    validation_beams: int = 1
+    min_updates: int | None = None  # what a choice of model and batch size must reach (the recipe's)
+    max_epochs: float | None = None  # the recipe's cap, for the other choices' epochs
 
 
 def refit(
@@ -68,7 +79,7 @@ def refit(
         fixed = still * (checkpoints * checkpoint_seconds + validations * validation_seconds)
         length = step + max(1, math.floor((usable - fixed) / seconds_per_update))
     if rules.max_updates is not None:
-        length = max(step + 1, min(length, rules.max_updates))
+        length = min(length, max(rules.max_updates, step + 1))
     _, save, evaluate = schedule_for(
         length,
         plan["warmup_steps"],
@@ -80,14 +91,53 @@ def refit(
     return {**plan, "max_steps": length, "save_steps": save, "eval_steps": evaluate}
 
 
+def better_candidate(
+    plan: dict,
+    rules: RefitRules,
+    ratio: float,
+    seconds_left: float,
+    checkpoint_seconds: float,
+    validation_seconds: float,
+) -> dict | None:
+    """The calibrated choice the run should switch to, or None: with every calibrated time multiplied by `ratio`
+    (the Trainer's measured seconds per update over the calibration's), the first choice of the recipe's order of
+    preference, before the current one, whose updates in `seconds_left` (less `RESTART_SECONDS`, a whole run's
+    checkpoints and validations) reach `rules.min_updates` and its epoch cap allows. Only when `ratio` is below
+    `SWITCH_BELOW`."""
+    if ratio >= SWITCH_BELOW or not rules.min_updates or not plan.get("candidates"):
+        return None
+    current = (plan.get("preset"), plan.get("max_tokens"))
+    usable = (seconds_left - RESTART_SECONDS) * SAFETY
+    usable -= (rules.checkpoints_per_run or 0) * checkpoint_seconds
+    usable -= ((rules.evaluations_per_run or 0) if rules.validates else 0) * validation_seconds
+    for candidate in plan["candidates"]:
+        if (candidate["preset"], candidate["max_tokens"]) == current or (
+            current[0] is None and candidate["max_tokens"] == current[1]
+        ):
+            return None  # nothing earlier in the order fits: keep the current choice
+        seconds = candidate["seconds_per_update"] * ratio
+        updates = min(math.floor(usable / seconds), _epoch_cap(rules, candidate))
+        if updates >= rules.min_updates:
+            return {**candidate, "seconds_per_update": seconds, "max_steps": updates}
+    return None
+
+
+def _epoch_cap(rules: RefitRules, candidate: dict) -> float:
+    return math.floor(rules.max_epochs * candidate["updates_per_epoch"]) if rules.max_epochs else math.inf
+
+
 def predicted_decode_seconds(rules: RefitRules, validation_seconds: float, seconds_per_update: float) -> float:
-    """The test decoding (and the choice of alpha) predicted from a validation pass on this machine: its greedy
-    decoding of `validation_pairs` pairs (the pass less its loss batches), scaled to `test_sentences` decoded with
-    `test_beams` beams by the cost of a beam-4 sentence against a greedy one (`DECODE_TOKENS_PER_SENTENCE`)."""
+    """The test decoding (and the choice of alpha) predicted from a validation pass on this machine: its decoding of
+    `validation_pairs` pairs with `validation_beams` beams (the pass less its loss batches), scaled to
+    `test_sentences` decoded with `test_beams` beams by their relative cost per sentence
+    (`DECODE_TOKENS_PER_SENTENCE`: a beam-4 sentence costs 140/90 of a greedy one)."""
     loss_batches = rules.validation_pairs / 640 * seconds_per_update  # as planning.py counts them
     per_sentence = max(0.0, validation_seconds - loss_batches) / max(1, rules.validation_pairs)
-    beam_cost = DECODE_TOKENS_PER_SENTENCE[4] * max(1, rules.test_beams) / 4 / DECODE_TOKENS_PER_SENTENCE[1]
-    return rules.test_sentences * per_sentence * (beam_cost if rules.test_beams > 1 else 1.0)
+    return rules.test_sentences * per_sentence * _decode_cost(rules.test_beams) / _decode_cost(rules.validation_beams)
+
+
+def _decode_cost(beams: int) -> float:
+    return DECODE_TOKENS_PER_SENTENCE[1] if beams <= 1 else DECODE_TOKENS_PER_SENTENCE[4] * beams / 4
 
 
 @dataclass

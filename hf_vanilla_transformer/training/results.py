@@ -41,7 +41,9 @@ def describe_parameters(model) -> str:
 
 
 def epochs_for(max_steps: int, trainer) -> float:
-    per_epoch = max(1, math.ceil(len(trainer.batch_sampler) / trainer.args.gradient_accumulation_steps))
+    """Epochs of the training split in `max_steps` updates (every process takes its share of the batches)."""
+    args = trainer.args
+    per_epoch = max(1, math.ceil(len(trainer.batch_sampler) / (args.gradient_accumulation_steps * args.world_size)))
     return max_steps / per_epoch
 
 

@@ -5,9 +5,12 @@ split with the paper's beam search, and leave a complete model folder with `resu
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
+import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,7 +23,9 @@ from ..utils.distributed import main_process_value
 from ..utils.files import write_json_atomically
 from .arguments import ModelDataArguments, TransformerTrainingArguments
 from .averaging import average_last_checkpoints
-from .checkpoints import latest_checkpoint, validate_checkpoint
+from .calibration import Measurement
+from .checkpoints import checkpoint_folders, latest_checkpoint, validate_checkpoint
+from .planning import BUDGET_FILE
 from .preparation import PreparedRun, prepare_run
 from .results import RunOutcome, run_results
 
@@ -72,12 +77,77 @@ def _train_and_evaluate(
         print(f"Plan: {run.plan.summary()}.", flush=True)
     train_started = time.time()
     run.trainer.train(resume_from_checkpoint=resume)
+    if run.budget.switch is not None:  # the first updates proved the calibrated choice wrong: start again
+        restart = restart_of(run)
+        run.trainer.accelerator.free_memory()
+        del run  # the first model and Trainer go before the second are built
+        gc.collect()
+        run = start_again(restart, started)
+        run.trainer.train()
     train_seconds = time.time() - train_started
     if not args.should_save:
         # Averaging, the test decoding and the model folder are the main process's work; the others are done.
         return None
     outcome = RunOutcome(started, train_seconds, resumed_at=resume, command=command, examples=examples)
     return finish_run(run, outcome)
+
+
+@dataclass
+class Restart:
+    """What a run started again with another choice needs of the first: the user's recipe, the switched one, the
+    arguments, the update time the Trainer measured (applied to the switch's calibration), what it switched from."""
+
+    asked: ModelDataArguments
+    recipe: ModelDataArguments
+    args: TransformerTrainingArguments
+    known: Measurement
+    switched_from: dict
+
+
+def restart_of(run: PreparedRun) -> Restart:
+    """The restart the budget callback's switch asks for: its preset and batch size, the first run's precision and
+    attention, its time known rather than measured again."""
+    switch, previous = run.budget.switch, run.budget.plan
+    recipe = dataclasses.replace(
+        run.recipe,
+        preset=switch["preset"],
+        preset_choices=None,
+        max_tokens=switch["max_tokens"],
+        max_tokens_choices=None,
+        precision=previous["precision"],
+        attn_implementation=previous["attn_implementation"],
+    )
+    known = Measurement(
+        previous["precision"],
+        previous["attn_implementation"],
+        per_size={switch["max_tokens"]: switch["seconds_per_update"] / switch["accumulation"]},
+        reasons=[f"{previous['precision']}, {previous['attn_implementation']} attention, as calibrated"],
+    )
+    switched_from = {
+        "preset": previous.get("preset"),
+        "max_tokens": previous["max_tokens"],
+        "calibrated_seconds_per_update": previous["seconds_per_update"],
+        "measured_seconds_per_update": run.budget.meter.seconds_per_update,
+        "at": run.trainer.state.global_step,
+    }
+    return Restart(run.recipe, recipe, run.args, known, switched_from)
+
+
+def start_again(restart: Restart, started: float) -> PreparedRun:
+    """The new run of `restart`, with the rest of the budget. The first run saved nothing (a switch comes before the
+    first checkpoint); its plan is replaced, the switch recorded in the new one."""
+    args = restart.args
+    if args.should_save:  # the first choice's plan and any checkpoint of it (a timed save) are not ones to keep
+        (Path(args.output_dir) / BUDGET_FILE).unlink(missing_ok=True)
+        for folder in checkpoint_folders(args.output_dir, complete_only=False):
+            shutil.rmtree(folder)
+    main_process_value(None)  # every process waits until they are gone
+    again = prepare_run(restart.recipe, args, started=started, known=restart.known)
+    again.budget.plan = {**again.budget.plan, "switched_from": restart.switched_from}
+    if args.should_save:
+        write_json_atomically(Path(args.output_dir) / BUDGET_FILE, again.budget.plan)
+        print(f"Plan, started again: {again.plan.summary()}.", flush=True)
+    return dataclasses.replace(again, recipe=restart.asked)  # results.json records what the user asked for
 
 
 def finish_run(run: PreparedRun, outcome: RunOutcome) -> dict:
