@@ -26,6 +26,7 @@ from hf_vanilla_transformer.training.arguments import (
 from hf_vanilla_transformer.training.averaging import choose_checkpoints, validation_losses
 from hf_vanilla_transformer.training.calibration import calibration_batches, measure_updates
 from hf_vanilla_transformer.training.callbacks import TimeBudgetCallback, recorded_plan
+from hf_vanilla_transformer.training.checkpoints import latest_checkpoint
 from hf_vanilla_transformer.training.planning import (
     BudgetPlan,
     decode_seconds,
@@ -341,7 +342,10 @@ def test_a_one_minute_budget_stops_on_its_own_and_leaves_a_complete_folder(tmp_p
     plan = results["plan"]
     assert plan["max_minutes"] == 1 and plan["precision"] in ("fp32", "bf16") and plan["seconds_per_update"] > 0
     assert results["training"]["steps"] == plan["max_steps"] or plan["stopped_early_at"] is not None
-    assert plan["warmup_steps"] == max(1, min(1000, round(0.35 * plan["max_steps"])))
+    # The warmup of the first plan's length, kept by every re-plan (the first check always re-fits the length).
+    first = plan["replans"][0]["was"] if plan["replans"] else plan["max_steps"]
+    assert plan["warmup_steps"] == max(1, min(1000, round(0.35 * first)))
+    assert plan["measured_seconds_per_update"] > 0 and plan["replans"][0]["after"] == "its first updates"
     # What the user asked for beside what the plan chose: the recipe's 2,048 tokens and choices, the plan's pick.
     assert plan["max_tokens"] in (2048, 1024) and results["recipe"]["max_tokens"] == 2048
     assert results["recipe"]["max_tokens_choices"] == "2048,1024" and results["recipe"]["precision"] == "auto"
@@ -370,7 +374,8 @@ def test_a_killed_budgeted_run_resumes_with_the_number_of_updates_it_fixed(tmp_p
         process.send_signal(signal.SIGKILL)
     finally:
         process.wait(timeout=60)
-    planned = json.loads((output / "budget.json").read_text())
+    # The plan of the checkpoint the restart resumes from (budget.json may hold a later re-plan).
+    planned = recorded_plan(output, latest_checkpoint(output)).to_dict()
     if (output / "results.json").exists():
         pytest.skip("the run finished before it could be killed (a very fast machine)")
     resumed = subprocess.run(

@@ -82,7 +82,8 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.meter.step(state.global_step)
-        if self.rules is not None and not self.checked and state.global_step >= self.rules.first_check:
+        first_check = self.rules is not None and not self.checked and state.global_step >= self.rules.first_check
+        if first_check and self.meter.updates > 0:  # (a short run checks once it has measured an update)
             self.checked = True
             if self._switch(args, state):
                 # Before any checkpoint of this choice: run.py starts again with the switch.
