@@ -16,15 +16,18 @@ training split (§5.1), and every split tokenized in parallel into memory-mapped
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 from datasets import Dataset, DatasetDict, Features, Sequence, Value, concatenate_datasets
+from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 from .cache import building, cache_root, complete_folder, dataset_key, prune, text_key, touch
-from .tokenizer import corpus_texts, train_bpe_tokenizer
+from .tokenizer import corpus_texts, train_bpe_tokenizer, wrap_tokenizer
 
 
 logger = logging.getLogger(__name__)
@@ -80,16 +83,36 @@ def learn_tokenizer(
         if complete_folder(folder):
             touch(folder)
             return PreTrainedTokenizerFast.from_pretrained(folder)
+    tokenizer = _in_child(_learn, train, vocab_size, scale_to_corpus, sample_pairs, seed)
+    if folder is not None:
+        with building(folder) as temporary:
+            tokenizer.save_pretrained(temporary)
+    return tokenizer
+
+
+def _learn(train: Dataset, vocab_size: int, scale_to_corpus: bool, sample_pairs: int | None, seed: int):
+    """The shared BPE of `train`'s sample (see `learn_tokenizer`)."""
     sample = bpe_sample(train, sample_pairs, seed)
     size = scaled_vocab_size(vocab_size, sample) if scale_to_corpus else vocab_size
     if size != vocab_size:
         logger.info("vocabulary %d instead of %d: the training split has too few distinct words", size, vocab_size)
     logger.info("learning a shared BPE of %d tokens on %s training pairs", size, f"{len(sample):,}")
-    tokenizer = train_bpe_tokenizer(corpus_texts(sample), vocab_size=size)
-    if folder is not None:
-        with building(folder) as temporary:
-            tokenizer.save_pretrained(temporary)
-    return tokenizer
+    return train_bpe_tokenizer(corpus_texts(sample), vocab_size=size)
+
+
+def _in_child(learn, *arguments) -> PreTrainedTokenizerFast:
+    """`learn(*arguments)`'s tokenizer, learned in a forked child process where the platform forks: learning a BPE
+    on millions of sentences takes a gigabyte or more, which the child gives back to the system when it ends (a
+    training process's caching allocator would keep it). The tokenizer comes back as its JSON."""
+    if sys.platform != "linux":
+        return learn(*arguments)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        text = pool.apply(_learned_text, (learn, *arguments))
+    return wrap_tokenizer(Tokenizer.from_str(text))
+
+
+def _learned_text(learn, *arguments) -> str:
+    return tokenizer_to_text(learn(*arguments))
 
 
 def tokenizer_to_text(tokenizer: PreTrainedTokenizerFast) -> str:
@@ -209,8 +232,11 @@ def lengths(train: Dataset) -> tuple[np.ndarray, np.ndarray]:
     """The source and target lengths of a tokenized training split, as arrays: its length columns read whole, or
     (for a split tokenized elsewhere) the lengths of its ids."""
     if all(name in train.column_names for name in LENGTH_COLUMNS):
-        columns = train.with_format("numpy", columns=list(LENGTH_COLUMNS))
-        return np.asarray(columns["source_length"]), np.asarray(columns["target_length"])
+        if train._indices is None:  # the columns of the Arrow table itself: no pass over the rows
+            source, target = (train.data.column(name).to_numpy() for name in LENGTH_COLUMNS)
+            return source, target
+        columns = train.select_columns(list(LENGTH_COLUMNS)).with_format("numpy")[:]
+        return columns["source_length"], columns["target_length"]
     return (
         np.fromiter((len(ids) for ids in train["input_ids"]), dtype=np.int64, count=len(train)),
         np.fromiter((len(ids) for ids in train["labels"]), dtype=np.int64, count=len(train)),
