@@ -129,7 +129,7 @@ def test_a_short_run_on_a_small_slice_conditions_on_the_source(tmp_path):
     trainer.train()
     losses = logged_losses(trainer.state.log_history)
     assert losses[-1] < losses[0] / 3
-    pairs = corpus["train"]
+    pairs = corpus["test"]  # the 200 training pairs themselves (test_files=TRAIN_200): tokenized, the run keeps no text
     sources, references = list(pairs["source"]), list(pairs["target"])
     scores, hypotheses = evaluate_translations(
         trainer.model, tokenizer, sources, references, num_beams=1, progress=False

@@ -44,7 +44,7 @@ def _train_and_report(recipe, args, argv) -> dict | None:
         source = f" (recipe {recipe.recipe})" if recipe.recipe else ""
         print(f"Training {what} on {data} for {length}{source}, into {args.output_dir}.", flush=True)
     command = shlex.join(["python", *(sys.argv if argv is None else ["scripts/train.py", *argv])])
-    results = train_and_evaluate(recipe, args, command=command)
+    results = train_and_evaluate(recipe, args, command=command, started=started)
     if results is None:  # not the main process of a multi-process launch
         return None
     test, training = results["test"], results["training"]

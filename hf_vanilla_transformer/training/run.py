@@ -49,23 +49,29 @@ def plot_sentence(sources: list[str]) -> str:
 
 
 def train_and_evaluate(
-    recipe: ModelDataArguments, args: TransformerTrainingArguments, command: str = "", examples: int = 5
+    recipe: ModelDataArguments,
+    args: TransformerTrainingArguments,
+    command: str = "",
+    examples: int = 5,
+    started: float | None = None,
 ) -> dict | None:
     """Train, average the last checkpoints, evaluate on the test split with beam search, and leave a complete model
     folder in `args.output_dir`: weights, config, generation config, tokenizer, remote-code files, `results.json`,
     `training_log.json`, plots and a `README.md` model card. Resumes from the newest complete checkpoint of the
     folder. Under several processes all of them train; the main process does the rest and returns the results,
-    the others return None.
+    the others return None. A time budget (`max_minutes`) counts from `started` (`time.time()`; the scripts pass
+    their process's start, interpreter start-up included), else from this call: a notebook or a test session that
+    calls it has been running for longer than the run.
     """
-    results = _train_and_evaluate(recipe, args, command, examples)
+    started = time.time() if started is None else started
+    results = _train_and_evaluate(recipe, args, command, examples, started)
     leave_process_group()  # after the trainer is gone: see leave_process_group
     return results
 
 
 def _train_and_evaluate(
-    recipe: ModelDataArguments, args: TransformerTrainingArguments, command: str, examples: int
+    recipe: ModelDataArguments, args: TransformerTrainingArguments, command: str, examples: int, started: float
 ) -> dict | None:
-    started = process_start_time()  # a budget counts the whole run, interpreter start-up included
     # The main process picks the checkpoint to resume from and every process takes the same one (on several
     # machines, output_dir must be storage they share: only the main process writes checkpoints).
     resume = main_process_value(args.resume_from_checkpoint or latest_checkpoint(args.output_dir))
