@@ -607,6 +607,16 @@ def test_the_first_check_stops_a_run_whose_choice_proved_wrong_before_any_checkp
     assert (callback.switch["preset"], callback.switch["max_tokens"]) == ("small", 2048)
     assert callback.switch["seconds_per_update"] == pytest.approx(0.5 * 0.133 / 0.19)
     assert "replans" not in callback.plan  # no re-plan of a run that starts again
+    # The run started again with that choice is not switched a second time by the same speeds: it re-plans its length.
+    again = TimeBudgetCallback({**plan, "switched_from": {"preset": "compact"}}, deadline_seconds=1325.0, rules=rules)
+    state, control, clock[0] = TrainerState(max_steps=12404, global_step=0), TrainerControl(), 0.0
+    again.on_train_begin(args, state, control)
+    for step in range(1, 126):
+        clock[0] += 0.133
+        state.global_step = step
+        again.on_step_end(args, state, control)
+    assert again.switch is None and not control.should_training_stop
+    assert [change["at"] for change in again.plan["replans"]] == [again.rules.first_check]
 
 
 @pytest.mark.slow

@@ -130,9 +130,10 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
 
     def _switch(self, args, state) -> bool:
         """Whether the first updates prove the calibrated choice of model and batch size wrong enough to start
-        again with a better one (`replanning.better_candidate`); every process takes the main process's answer."""
+        again with a better one (`replanning.better_candidate`); every process takes the main process's answer. A
+        run that started again already keeps its choice (its length is re-planned as any run's)."""
         rate, planned = self.meter.seconds_per_update, self.plan.get("seconds_per_update")
-        if rate is None or not planned:
+        if rate is None or not planned or self.plan.get("switched_from"):  # a run starts again once at most
             return False
         checkpoint = self.plan.get("checkpoint_seconds") or 0.0
         validation = self.plan.get("validation_seconds") or 0.0
