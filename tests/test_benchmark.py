@@ -128,6 +128,10 @@ def test_the_scale_benchmark_prepares_a_corpus_once_and_reads_it_back(tmp_path):
     for setup in (cold, warm):
         assert setup["stages"]["first update"]["since_start_seconds"] > 0
         assert all(stage.get("peak_rss_bytes", 0) > 0 for stage in setup["stages"].values())
+        first = setup["stages"]["first update"]
+        assert (
+            0 < first["anon_rss_bytes"] < first["anon_rss_bytes"] + first["file_rss_bytes"] <= first["peak_rss_bytes"]
+        )
     assert results["batches"]["pairs"] == 50_000 and results["batches"]["batches"] > 0
     table = scale_table(results)
     assert "| 3,000 | cold |" in table and "| 3,000 | warm |" in table and "Batches of 50,000 pairs" in table

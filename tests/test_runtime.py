@@ -50,3 +50,23 @@ def test_the_system_allocator_can_be_kept():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("start") == 1 and "not loaded" in result.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_mapped_file_counts_as_file_backed_memory_not_as_the_process_own(tmp_path):
+    """What the scale benchmark reports: pages of a memory-mapped file read whole move the process's file-backed
+    memory by the file's size and leave its own (anonymous) memory where it was."""
+    import mmap
+
+    from hf_vanilla_transformer.utils.machine import memory_now
+
+    path = tmp_path / "mapped.bin"
+    path.write_bytes(os.urandom(64 * 2**20))
+    before = memory_now()
+    with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        total = sum(mapped[offset] for offset in range(0, len(mapped), 4096))  # touch every page
+        during = memory_now()
+    assert total > 0
+    assert during["file_rss_bytes"] - before["file_rss_bytes"] >= 60 * 2**20
+    assert abs(during["anon_rss_bytes"] - before["anon_rss_bytes"]) < 16 * 2**20
+    assert during["pss_bytes"] > before["pss_bytes"]

@@ -207,15 +207,23 @@ def scale_table(results: dict) -> str:
     lines = [
         f"Machine: {results['machine']}; " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
         "",
-        "| pairs | run | " + " | ".join(STAGES) + " | first update (from start) | peak RSS GB (process / workers) |",
-        "|---|---|" + "---|" * len(STAGES) + "---|---|",
+        "| pairs | run | " + " | ".join(STAGES) + " | first update (from start) | peak RSS GB (process / workers) "
+        "| at the first update: own / mapped files / PSS GB |",
+        "|---|---|" + "---|" * len(STAGES) + "---|---|---|",
     ]
     for pairs, runs in results["corpora"].items():
         for name in ("cold", "warm"):
             (setup,) = runs[name]["processes"]
             lines.append(_row(f"{int(pairs):,}", name, setup))
-    for setup in results.get("launch", {}).get("processes", []):
+    launch = results.get("launch", {}).get("processes", [])
+    for setup in launch:
         lines.append(_row("largest", f"base, 2 processes, rank {setup['rank']}", setup))
+    if launch and all("pss_bytes" in setup["stages"]["plan"] for setup in launch):
+        together = sum(setup["stages"]["plan"]["pss_bytes"] for setup in launch)
+        lines += [
+            "",
+            f"The launch's processes hold {_gb(together)} GB together at the end of their set-up (PSS summed).",
+        ]
     batches = results["batches"]
     lines += [
         "",
@@ -232,4 +240,6 @@ def _row(pairs: str, name: str, setup: dict) -> str:
     first = stages.get("first update", {}).get("since_start_seconds", float("nan"))
     workers = max(s.get("children_peak_rss_bytes", 0) for s in stages.values())
     own = max(s.get("peak_rss_bytes", 0) for s in stages.values())
-    return f"| {pairs} | {name} | " + " | ".join(cells) + f" | {first:.0f} s | {_gb(own)} / {_gb(workers)} |"
+    now = stages.get("first update", {})
+    split = " / ".join(_gb(now[key]) if key in now else "" for key in ("anon_rss_bytes", "file_rss_bytes", "pss_bytes"))
+    return f"| {pairs} | {name} | " + " | ".join(cells) + f" | {first:.0f} s | {_gb(own)} / {_gb(workers)} | {split} |"

@@ -1,4 +1,5 @@
-"""The set-up of a run, stage by stage: how long each took and the process's peak memory after it, logged as it
+"""The set-up of a run, stage by stage: how long each took and the process's peak memory after it (and its memory
+then, its own apart from mapped files: `utils.machine.memory_now`), logged as it
 goes, kept in `results.json` ("setup") and, for every process of a launch, in `setup-rank<N>.json` in the output
 folder (the scale benchmark reads them). The last entry is the first update, counted from the process's start."""
 
@@ -11,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .machine import children_peak_rss_bytes, peak_rss_bytes
+from .machine import children_peak_rss_bytes, memory_now, peak_rss_bytes
 
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class SetupClock:
             seconds=time.time() - began,
             peak_rss_bytes=peak_rss_bytes(),
             children_peak_rss_bytes=children_peak_rss_bytes(),  # worker processes (the tokenizing map's)
+            **memory_now(),
         )
         figures = self.stages[name]
         logger.info("%s: %.1f s (peak RSS %.2f GB)", name, figures["seconds"], figures["peak_rss_bytes"] / 2**30)
@@ -44,6 +46,7 @@ class SetupClock:
         self.stages["first update"] = {
             "since_start_seconds": time.time() - self.started,
             "peak_rss_bytes": peak_rss_bytes(),
+            **memory_now(),
         }
 
     def to_dict(self) -> dict:
