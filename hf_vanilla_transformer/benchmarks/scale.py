@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..utils.machine import describe_machine
+from ..utils.machine import describe_machine, memory_now
 from .measure import versions
 
 
@@ -132,6 +132,7 @@ def time_batches(pairs: int, lengths_like: tuple[np.ndarray, np.ndarray] | None,
     else:
         sources = rng.integers(2, 120, pairs)
         targets = np.clip(sources + rng.integers(-10, 15, pairs), 2, 256)
+    own = memory_now().get("anon_rss_bytes", 0)
     began = time.perf_counter()
     sampler = TokenBudgetBatchSampler(sources, targets, max_tokens=4096, seed=seed)
     built = time.perf_counter() - began
@@ -140,7 +141,9 @@ def time_batches(pairs: int, lengths_like: tuple[np.ndarray, np.ndarray] | None,
     next(batches)
     first = time.perf_counter() - began
     count = 1 + sum(1 for _ in batches)
+    held = memory_now().get("anon_rss_bytes", 0) - own  # the sampler's arrays and the epoch's order, if readable
     return {
+        "sampler_bytes": held,
         "pairs": pairs,
         "batches": count,
         "build_seconds": built,
@@ -229,7 +232,8 @@ def scale_table(results: dict) -> str:
         "",
         f"Batches of {batches['pairs']:,} pairs at 4,096 tokens: built in {batches['build_seconds']:.1f} s, the first "
         f"batch of an epoch after {batches['first_batch_seconds']:.1f} s more, the whole epoch "
-        f"({batches['batches']:,} batches) in {batches['epoch_seconds']:.1f} s.",
+        f"({batches['batches']:,} batches) in {batches['epoch_seconds']:.1f} s"
+        + (f"; the sampler holds {_gb(batches['sampler_bytes'])} GB." if batches.get("sampler_bytes") else "."),
     ]
     return "\n".join(lines)
 

@@ -26,7 +26,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .planning import DECODE_TOKENS_PER_SENTENCE, SAFETY, schedule_for
+from .planning import SAFETY, schedule_for
 
 
 REFIT_ROUNDS = 3  # the fixed costs left depend on the length: a few rounds settle it
@@ -129,15 +129,24 @@ def _epoch_cap(rules: RefitRules, candidate: dict) -> float:
 def predicted_decode_seconds(rules: RefitRules, validation_seconds: float, seconds_per_update: float) -> float:
     """The test decoding (and the choice of alpha) predicted from a validation pass on this machine: its decoding of
     `validation_pairs` pairs with `validation_beams` beams (the pass less its loss batches), scaled to
-    `test_sentences` decoded with `test_beams` beams by their relative cost per sentence
-    (`DECODE_TOKENS_PER_SENTENCE`: a beam-4 sentence costs 140/90 of a greedy one)."""
+    `test_sentences` decoded with `test_beams` beams by their relative cost per sentence (`BEAM4_PER_GREEDY`)."""
     loss_batches = rules.validation_pairs / 640 * seconds_per_update  # as planning.py counts them
     per_sentence = max(0.0, validation_seconds - loss_batches) / max(1, rules.validation_pairs)
     return rules.test_sentences * per_sentence * _decode_cost(rules.test_beams) / _decode_cost(rules.validation_beams)
 
 
+# What a sentence decoded with 4 beams costs against a greedy one, the same model on the same machine, as the main
+# job meets it: the choice of alpha and the test split (1,752 beam-4 sentences) against the run's last validation
+# (greedy), on a 2-core Xeon without AMX in fp32 (2026-11-25): 2.33 in one run (51.7 s against 12.7 ms a greedy
+# sentence), 2.88 in another whose machine slowed down as it went (63.8 s). The ratio of the planner's token counts
+# (`DECODE_TOKENS_PER_SENTENCE`, 140/90) predicted 34.5 s in both: the finishing work outran its share and the runs
+# ended at 99.5% and 100.3% of their budget. Above the larger: a prediction too long ends a run a few seconds early,
+# one too short ends it late.
+BEAM4_PER_GREEDY = 3.0
+
+
 def _decode_cost(beams: int) -> float:
-    return DECODE_TOKENS_PER_SENTENCE[1] if beams <= 1 else DECODE_TOKENS_PER_SENTENCE[4] * beams / 4
+    return 1.0 if beams <= 1 else BEAM4_PER_GREEDY * beams / 4
 
 
 @dataclass
