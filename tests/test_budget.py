@@ -229,13 +229,11 @@ def test_a_recorded_plan_comes_back_from_a_checkpoint_first(tmp_path):
     assert recorded_plan(tmp_path / "elsewhere", None) is None
 
 
-@pytest.mark.parametrize(("min_updates", "chosen"), [pytest.param(1, "small", marks=pytest.mark.slow), (10**9, "tiny")])
-def test_a_smaller_preset_is_trained_where_the_recipes_does_not_reach_its_updates(tmp_path, min_updates, chosen):
-    recipe = ModelDataArguments(
+def _small_or_tiny(**overrides) -> ModelDataArguments:
+    """A budgeted recipe that may train `small` or `tiny` with 1,024- or 512-token batches on the 200-pair fixture."""
+    values = dict(
         preset="small",
         preset_choices="small,tiny",
-        min_updates=min_updates,
-        max_minutes=30,
         max_tokens_choices="1024,512",
         vocab_size=500,
         data_files=TRAIN_200,
@@ -245,6 +243,12 @@ def test_a_smaller_preset_is_trained_where_the_recipes_does_not_reach_its_update
         precision="fp32",
         attn_implementation="sdpa",
     )
+    return ModelDataArguments(**{**values, **overrides})
+
+
+@pytest.mark.parametrize(("min_updates", "chosen"), [pytest.param(1, "small", marks=pytest.mark.slow), (10**9, "tiny")])
+def test_a_smaller_preset_is_trained_where_the_recipes_does_not_reach_its_updates(tmp_path, min_updates, chosen):
+    recipe = _small_or_tiny(min_updates=min_updates, max_minutes=30)
     args = TransformerTrainingArguments(
         output_dir=str(tmp_path / "run"), warmup_steps=10, seed=3, use_cpu=True, disable_tqdm=True
     )
@@ -629,23 +633,8 @@ def test_a_run_switched_at_its_first_check_starts_again_with_the_choice_and_reco
         return {**first, "seconds_per_update": first["seconds_per_update"] / 3, "max_steps": 40}
 
     monkeypatch.setattr(callbacks_module, "better_candidate", switch_to_the_first)
-    recipe = ModelDataArguments(
-        preset="small",
-        preset_choices="small,tiny",
-        min_updates=10**9,
-        max_minutes=3,
-        max_tokens=1024,
-        max_tokens_choices="1024,512",
-        vocab_size=500,
-        data_files=TRAIN_200,
-        validation_files=TEST_40,
-        test_files=TEST_40,
-        max_eval_samples=10,
-        precision="fp32",
-        attn_implementation="sdpa",
-        test_beams=1,
-        checkpoints_per_run=4,
-        max_epochs=1000,
+    recipe = _small_or_tiny(
+        min_updates=10**9, max_minutes=3, max_tokens=1024, test_beams=1, checkpoints_per_run=4, max_epochs=1000
     )
     args = TransformerTrainingArguments(
         output_dir=str(tmp_path / "run"),

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..data.errors import CorpusError
 from .checkpoints import CheckpointError
 from .recipes import parse_arguments
-from .run import process_start_time, train_and_evaluate
+from .run import train_and_evaluate
 
 
 def train_from_command_line(
@@ -30,6 +30,16 @@ def train_from_command_line(
         return _train_and_report(recipe, args, argv)
     except (CorpusError, CheckpointError, FileNotFoundError) as error:
         raise SystemExit(f"{script}: {error}") from None
+
+
+def process_start_time() -> float:
+    """When this process started (time.time() scale), or now where that cannot be read."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # psutil missing or the platform does not say
+        return time.time()
 
 
 def _train_and_report(recipe, args, argv) -> dict | None:

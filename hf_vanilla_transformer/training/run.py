@@ -33,16 +33,6 @@ from .results import RunOutcome, run_results
 logger = logging.getLogger(__name__)
 
 
-def process_start_time() -> float:
-    """When this process started (time.time() scale), or now where that cannot be read."""
-    try:
-        import psutil
-
-        return psutil.Process().create_time()
-    except Exception:  # psutil missing or the platform does not say
-        return time.time()
-
-
 def plot_sentence(sources: list[str]) -> str:
     """A test sentence of readable length (6-20 words) for the attention maps; else the first one."""
     return next((text for text in sources if 6 <= len(text.split()) <= 20), sources[0])

@@ -60,14 +60,11 @@ def children_peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 
 
-def memory_now() -> dict[str, int]:
-    """This process's resident memory now, split (Linux; empty elsewhere): `anon_rss_bytes` its own memory,
-    `file_rss_bytes` pages of mapped files (memory-mapped Arrow among them: page cache that every process mapping
-    the file shares and the system can take back), `pss_bytes` its proportional share (shared pages divided among
-    the processes that map them: the sum over the processes of a launch is what they hold together)."""
-    fields = {"RssAnon:": "anon_rss_bytes", "RssFile:": "file_rss_bytes", "Pss:": "pss_bytes"}
+def _proc_bytes(paths: tuple[str, ...], fields: dict[str, str]) -> dict[str, int]:
+    """The "Name: N kB" lines `fields` names (line name -> key) in the /proc files `paths`, in bytes; the first of
+    each wins; none where the files cannot be read (not Linux)."""
     found = {}
-    for path in ("/proc/self/status", "/proc/self/smaps_rollup"):
+    for path in paths:
         try:
             with open(path) as lines:
                 for line in lines:
@@ -79,14 +76,17 @@ def memory_now() -> dict[str, int]:
     return found
 
 
+def memory_now() -> dict[str, int]:
+    """This process's resident memory now, split (Linux; empty elsewhere): `anon_rss_bytes` its own memory,
+    `file_rss_bytes` pages of mapped files (memory-mapped Arrow among them: page cache that every process mapping
+    the file shares and the system can take back), `pss_bytes` its proportional share (shared pages divided among
+    the processes that map them: the sum over the processes of a launch is what they hold together)."""
+    fields = {"RssAnon:": "anon_rss_bytes", "RssFile:": "file_rss_bytes", "Pss:": "pss_bytes"}
+    return _proc_bytes(("/proc/self/status", "/proc/self/smaps_rollup"), fields)
+
+
 def peak_rss_bytes() -> int:
-    """This process's peak resident memory so far."""
-    try:  # Linux: the high-water mark of this process's own memory (ru_maxrss survives exec, so a spawned child
-        # would report its parent's peak when that was higher)
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's peak resident memory so far: on Linux the high-water mark of its own memory (VmHWM; ru_maxrss
+    survives exec, so a spawned child would report its parent's peak when that was higher), else ru_maxrss."""
+    peak = _proc_bytes(("/proc/self/status",), {"VmHWM:": "peak"}).get("peak")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
