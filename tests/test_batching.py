@@ -170,3 +170,20 @@ def test_the_calibration_spread_is_chosen_without_building_the_epoch():
     sampler = TokenBudgetBatchSampler(source, target, max_tokens=600, seed=4)
     for count in (1, 5, 12, 10**6):
         assert sampler.spread(count) == calibration_batches(list(sampler), count)
+
+
+def test_batch_sizes_over_one_shared_set_of_length_groups_are_the_batches_of_their_own():
+    """The run builds one `LengthSortedSampler` and cuts every batch size the planner tries over it (its groups
+    shared, not copied): each gives the batches a sampler built from the lengths gives, epoch by epoch, and moving
+    one to another epoch leaves the others where they are."""
+    source, target = lengths(700, seed=2)
+    shared = LengthSortedSampler(source, target, seed=4)
+    small, large = TokenBudgetBatchSampler.over(shared, 300), TokenBudgetBatchSampler.over(shared, 900)
+    assert small.sampler.groups is large.sampler.groups is shared.groups
+    large.set_epoch(2)
+    assert small.epoch == 0 and list(small) == list(TokenBudgetBatchSampler(source, target, max_tokens=300, seed=4))
+    alone = TokenBudgetBatchSampler(source, target, max_tokens=900, seed=4)
+    alone.set_epoch(2)
+    assert list(large) == list(alone) and large.tokens_per_batch() == alone.tokens_per_batch()
+    with pytest.raises(ValueError, match="max_tokens=0 is invalid"):
+        TokenBudgetBatchSampler.over(shared, 0)

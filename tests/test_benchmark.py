@@ -103,6 +103,31 @@ def test_matrix_products_floor_runs_exactly_the_products_of_generate(beams):
     assert sorted(in_floor.calls) == sorted(in_generate.calls)
 
 
+def test_the_data_memory_of_a_launch_counts_each_process_data_stages_and_the_shared_pages_once():
+    """The scale table's launch line: a process's data memory is what its data stages added to its own memory
+    (not the model's stage) and its share of the Arrow pages; two processes mapping the same pages share them."""
+    from hf_vanilla_transformer.benchmarks.scale import data_memory, launch_memory
+
+    mb = 2**20
+
+    def setup(arrow_pss: int) -> dict:  # 20 MB added by the corpus, 500 by the model, 20 by the batches
+        after = {
+            "corpus": 320,
+            "tokenizer": 320,
+            "tokenize": 320,
+            "model": 820,
+            "lengths and batches": 840,
+            "plan": 840,
+        }
+        stages = {name: {"anon_rss_bytes": value * mb} for name, value in after.items()}
+        stages["plan"].update(arrow_pss_bytes=arrow_pss * mb, pss_bytes=(840 + arrow_pss) * mb)
+        return {"at_start": {"anon_rss_bytes": 300 * mb}, "stages": stages}
+
+    one, pair = setup(arrow_pss=60), [setup(arrow_pss=30), setup(arrow_pss=30)]  # the same 60 MB of pages, shared
+    assert data_memory([one]) == 100 * mb and data_memory(pair) == 140 * mb
+    assert "1.40x the one process's 0.10 GB" in launch_memory(pair, one)
+
+
 @pytest.mark.slow
 def test_the_scale_benchmark_prepares_a_corpus_once_and_reads_it_back(tmp_path):
     """The scale benchmark end to end on a small synthetic corpus: a cold run that reads, learns the BPE and
@@ -132,6 +157,7 @@ def test_the_scale_benchmark_prepares_a_corpus_once_and_reads_it_back(tmp_path):
         assert (
             0 < first["anon_rss_bytes"] < first["anon_rss_bytes"] + first["file_rss_bytes"] <= first["peak_rss_bytes"]
         )
+        assert 0 < first["arrow_pss_bytes"] <= first["arrow_rss_bytes"] <= first["file_rss_bytes"]
     assert results["batches"]["pairs"] == 50_000 and results["batches"]["batches"] > 0
     table = scale_table(results)
     assert "| 3,000 | cold |" in table and "| 3,000 | warm |" in table and "Batches of 50,000 pairs" in table

@@ -54,19 +54,24 @@ def test_the_system_allocator_can_be_kept():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_mapped_file_counts_as_file_backed_memory_not_as_the_process_own(tmp_path):
-    """What the scale benchmark reports: pages of a memory-mapped file read whole move the process's file-backed
-    memory by the file's size and leave its own (anonymous) memory where it was."""
+    """What the scale benchmark reports: pages of a memory-mapped file that are read move the process's
+    file-backed memory by what was read and leave its own (anonymous) memory where it was; `mapped_bytes` counts
+    the pages of the files named `*.arrow` alone."""
     import mmap
 
-    from hf_vanilla_transformer.utils.machine import memory_now
+    from hf_vanilla_transformer.utils.machine import mapped_bytes, memory_now
 
-    path = tmp_path / "mapped.bin"
+    path = tmp_path / "mapped.arrow"
     path.write_bytes(os.urandom(64 * 2**20))
-    before = memory_now()
+    before, arrow_before = memory_now(), mapped_bytes()
     with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        total = sum(mapped[offset] for offset in range(0, len(mapped), 4096))  # touch every page
-        during = memory_now()
+        total = sum(mapped[offset] for offset in range(0, 32 * 2**20, 4096))  # touch the first half's pages
+        during, arrow = memory_now(), mapped_bytes()
+        assert mapped_bytes(".bin") == {"arrow_rss_bytes": 0, "arrow_pss_bytes": 0}  # only files named so count
     assert total > 0
-    assert during["file_rss_bytes"] - before["file_rss_bytes"] >= 60 * 2**20
+    assert during["file_rss_bytes"] - before["file_rss_bytes"] >= 30 * 2**20
     assert abs(during["anon_rss_bytes"] - before["anon_rss_bytes"]) < 16 * 2**20
     assert during["pss_bytes"] > before["pss_bytes"]
+    # The file's own pages: the half that was read (and the pages the system maps around them), no more.
+    assert arrow_before["arrow_rss_bytes"] == 0 and 32 * 2**20 <= arrow["arrow_rss_bytes"] <= 40 * 2**20
+    assert 0 < arrow["arrow_pss_bytes"] <= arrow["arrow_rss_bytes"]

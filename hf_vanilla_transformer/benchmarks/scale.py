@@ -183,6 +183,9 @@ def run_scale_benchmark(options: ScaleBenchmarkConfig) -> dict:
         print(f"{int(largest):,} pairs: 2-process launch of the base recipe", flush=True)
         command = train_command(files, work / "out-launch", cache, options, base=True)
         results["launch"] = run_training(command, work / "out-launch", processes=2)
+        print(f"{int(largest):,} pairs: the base recipe in one process (the launch's data cache)", flush=True)
+        command = train_command(files, work / "out-launch", cache, options, base=True)
+        results["launch_alone"] = run_training(command, work / "out-launch")
     print(f"batches of {options.batch_pairs:,} pairs", flush=True)
     results["batches"] = time_batches(options.batch_pairs, corpus_lengths(work / f"cache-{largest}"), options.seed)
     return results
@@ -221,12 +224,11 @@ def scale_table(results: dict) -> str:
     launch = results.get("launch", {}).get("processes", [])
     for setup in launch:
         lines.append(_row("largest", f"base, 2 processes, rank {setup['rank']}", setup))
-    if launch and all("pss_bytes" in setup["stages"]["plan"] for setup in launch):
-        together = sum(setup["stages"]["plan"]["pss_bytes"] for setup in launch)
-        lines += [
-            "",
-            f"The launch's processes hold {_gb(together)} GB together at the end of their set-up (PSS summed).",
-        ]
+    alone = results.get("launch_alone", {}).get("processes", [])
+    for setup in alone:
+        lines.append(_row("largest", "base, 1 process (warm)", setup))
+    if launch and alone:
+        lines += ["", launch_memory(launch, alone[0])]
     batches = results["batches"]
     lines += [
         "",
@@ -236,6 +238,36 @@ def scale_table(results: dict) -> str:
         + (f"; the sampler holds {_gb(batches['sampler_bytes'])} GB." if batches.get("sampler_bytes") else "."),
     ]
     return "\n".join(lines)
+
+
+DATA_STAGES = ("corpus", "tokenizer", "tokenize", "lengths and batches")
+
+
+def data_memory(setups: list[dict]) -> int:
+    """What the processes of a run hold for the data at the end of their set-up: each one's own memory added by
+    the data's stages (its tables, tokenizer, length groups and batches) and its share of the Arrow files' pages
+    (PSS: pages the processes share are counted once over the sum)."""
+    total = 0
+    for setup in setups:
+        previous, stages = setup["at_start"], setup["stages"]
+        for name, figures in stages.items():
+            if name in DATA_STAGES:
+                total += figures["anon_rss_bytes"] - previous["anon_rss_bytes"]
+            previous = figures
+        total += stages["plan"]["arrow_pss_bytes"]
+    return total
+
+
+def launch_memory(launch: list[dict], alone: dict) -> str:
+    """The launch's memory at the end of set-up against one process of the same recipe: all of it, and the data's."""
+    together, one = (sum(setup["stages"]["plan"]["pss_bytes"] for setup in group) for group in (launch, [alone]))
+    data, data_alone = data_memory(launch), data_memory([alone])
+    return (
+        f"At the end of their set-up the launch's {len(launch)} processes hold {_gb(together)} GB together (PSS "
+        f"summed), {together / one:.2f}x the one process's {_gb(one)} GB; of it the data (each process's own memory "
+        f"added by the data's stages, and the Arrow pages counted once): {_gb(data)} GB, {data / data_alone:.2f}x the "
+        f"one process's {_gb(data_alone)} GB."
+    )
 
 
 def _row(pairs: str, name: str, setup: dict) -> str:

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 from datasets import Dataset, DatasetDict, Features, Sequence, Value, concatenate_datasets
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
@@ -35,7 +36,10 @@ logger = logging.getLogger(__name__)
 BPE_SAMPLE_PAIRS = 2_000_000  # pairs (4 million sentences) the BPE reads at most, by default
 BPE_SAMPLE_SEED = 0
 PARALLEL_FROM_PAIRS = 200_000  # a training split at least this large is tokenized in several processes
-MAP_BATCH = 2_000  # pairs per batch of the tokenizing map
+MAP_BATCH = 2_000  # pairs encoded at a time (their ids are Python lists until they become Arrow)
+# Pairs per batch of the training split's map and per record batch of its Arrow file: opening the file reads every
+# batch's header through the memory map (and the system maps 64 kB around each), so small batches map half of it.
+RECORD_BATCH = 50_000
 LENGTH_COLUMNS = ("source_length", "target_length")
 
 
@@ -152,6 +156,22 @@ def encode_pairs(batch: dict, tokenizer: PreTrainedTokenizerFast, max_length: in
     }
 
 
+def encode_record_batch(batch: dict, tokenizer: PreTrainedTokenizerFast, max_length: int | None = None) -> pa.Table:
+    """`encode_pairs` over a batch of up to `RECORD_BATCH` pairs, `MAP_BATCH` at a time, as one Arrow table: a
+    worker holds the ids of `MAP_BATCH` pairs as Python lists at a time, and the file gets large record batches."""
+    schema = Features(token_features(len(tokenizer))).arrow_schema
+    tables = [
+        pa.Table.from_pydict(
+            encode_pairs(
+                {side: batch[side][start : start + MAP_BATCH] for side in ("source", "target")}, tokenizer, max_length
+            ),
+            schema=schema,
+        )
+        for start in range(0, len(batch["source"]), MAP_BATCH)
+    ]
+    return pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()
+
+
 def tokenize_corpus(
     corpus: DatasetDict | Dataset,
     tokenizer: PreTrainedTokenizerFast,
@@ -190,7 +210,7 @@ def tokenized_folder(
     key = dataset_key(train)
     if key is None:
         return None
-    return cache_root(cache_dir) / "tokenized" / key / text_key(tokenizer_to_text(tokenizer), max_length, "tokenized-1")
+    return cache_root(cache_dir) / "tokenized" / key / text_key(tokenizer_to_text(tokenizer), max_length, "tokenized-2")
 
 
 def tokenize_training_split(
@@ -205,9 +225,10 @@ def tokenize_training_split(
     if num_proc is None:
         num_proc = min(os.cpu_count() or 1, 8) if len(train) >= PARALLEL_FROM_PAIRS else 1
     arguments = dict(
-        function=encode_pairs,
+        function=encode_record_batch,
         batched=True,
-        batch_size=MAP_BATCH,
+        batch_size=RECORD_BATCH,
+        writer_batch_size=RECORD_BATCH,
         fn_kwargs={"tokenizer": tokenizer, "max_length": max_length},
         remove_columns=train.column_names,
         features=Features(token_features(len(tokenizer))),

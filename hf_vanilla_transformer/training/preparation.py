@@ -32,7 +32,7 @@ from transformers import (
     set_seed,
 )
 
-from ..data.batching import TokenBudgetBatchSampler
+from ..data.batching import LengthSortedSampler, TokenBudgetBatchSampler
 from ..data.corpora import hold_out, load_corpus
 from ..data.errors import CorpusError
 from ..data.preparation import learn_tokenizer, lengths, tokenize_corpus, tokenized_folder, tokenizer_to_text
@@ -219,18 +219,16 @@ def _prepare_data(recipe, args, output_dir: Path, clock: SetupClock):
 
 class BatchSamplers:
     """One token-budget batch sampler per batch size over the training split's length columns, built once and
-    shared by the planner (calibration, epoch sizes) and the Trainer."""
+    shared by the planner (calibration, epoch sizes) and the Trainer. Every size shares one array of the pairs'
+    length groups (2 bytes a pair); the lengths themselves are not kept."""
 
     def __init__(self, train, seed: int):
-        self.source_lengths, self.target_lengths = lengths(train)
-        self.seed = seed
+        self.groups = LengthSortedSampler(*lengths(train), seed=seed)
         self.samplers: dict[int, TokenBudgetBatchSampler] = {}
 
     def of(self, max_tokens: int) -> TokenBudgetBatchSampler:
         if max_tokens not in self.samplers:
-            self.samplers[max_tokens] = TokenBudgetBatchSampler(
-                self.source_lengths, self.target_lengths, max_tokens=max_tokens, seed=self.seed
-            )
+            self.samplers[max_tokens] = TokenBudgetBatchSampler.over(self.groups, max_tokens)
         return self.samplers[max_tokens]
 
 

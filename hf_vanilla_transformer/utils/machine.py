@@ -85,6 +85,26 @@ def memory_now() -> dict[str, int]:
     return _proc_bytes(("/proc/self/status", "/proc/self/smaps_rollup"), fields)
 
 
+def mapped_bytes(suffix: str = ".arrow") -> dict[str, int]:
+    """The resident pages of this process's mappings of files named `*suffix` (the memory-mapped Arrow files of the
+    corpus and its tokenization), Linux only: `arrow_rss_bytes` all of them, `arrow_pss_bytes` this process's share
+    (summed over the processes of a launch: the data's pages counted once)."""
+    found, counted = {"arrow_rss_bytes": 0, "arrow_pss_bytes": 0}, False
+    fields = {"Rss:": "arrow_rss_bytes", "Pss:": "arrow_pss_bytes"}
+    try:
+        with open("/proc/self/smaps") as lines:
+            for line in lines:
+                words = line.split()
+                if not words or words[0].endswith(":"):  # a field of the mapping above
+                    if counted and words and words[0] in fields:
+                        found[fields[words[0]]] += int(words[1]) * 1024
+                else:  # a mapping: "start-end perms offset device inode [path]"
+                    counted = len(words) >= 6 and words[-1].endswith(suffix)
+    except OSError:
+        return {}
+    return found
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident memory so far: on Linux the high-water mark of its own memory (VmHWM; ru_maxrss
     survives exec, so a spawned child would report its parent's peak when that was higher), else ru_maxrss."""

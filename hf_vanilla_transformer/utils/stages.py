@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .machine import children_peak_rss_bytes, memory_now, peak_rss_bytes
+from .machine import children_peak_rss_bytes, mapped_bytes, memory_now, peak_rss_bytes
 
 
 logger = logging.getLogger(__name__)
@@ -25,6 +25,7 @@ class SetupClock:
     started: float
     rank: int = 0
     stages: dict[str, dict] = field(default_factory=dict)
+    at_start: dict[str, int] = field(default_factory=memory_now)  # before any data: the interpreter and libraries
 
     @contextmanager
     def stage(self, name: str):
@@ -37,6 +38,7 @@ class SetupClock:
             peak_rss_bytes=peak_rss_bytes(),
             children_peak_rss_bytes=children_peak_rss_bytes(),  # worker processes (the tokenizing map's)
             **memory_now(),
+            **mapped_bytes(),
         )
         figures = self.stages[name]
         logger.info("%s: %.1f s (peak RSS %.2f GB)", name, figures["seconds"], figures["peak_rss_bytes"] / 2**30)
@@ -47,10 +49,11 @@ class SetupClock:
             "since_start_seconds": time.time() - self.started,
             "peak_rss_bytes": peak_rss_bytes(),
             **memory_now(),
+            **mapped_bytes(),
         }
 
     def to_dict(self) -> dict:
-        return {"rank": self.rank, "stages": self.stages}
+        return {"rank": self.rank, "at_start": self.at_start, "stages": self.stages}
 
     def write(self, folder: str | Path) -> Path:
         path = Path(folder) / f"setup-rank{self.rank}.json"
