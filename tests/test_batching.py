@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from accelerate.data_loader import BatchSamplerShard, SkipBatchSampler
@@ -187,3 +189,24 @@ def test_batch_sizes_over_one_shared_set_of_length_groups_are_the_batches_of_the
     assert list(large) == list(alone) and large.tokens_per_batch() == alone.tokens_per_batch()
     with pytest.raises(ValueError, match="max_tokens=0 is invalid"):
         TokenBudgetBatchSampler.over(shared, 0)
+
+
+@pytest.mark.parametrize("longest", [60, 5000])  # a table of every key; sorted distinct keys (too many for a table)
+def test_length_groups_made_chunk_by_chunk_are_those_of_the_whole_lengths(longest):
+    rng = np.random.default_rng(longest)
+    source = rng.integers(1, longest, 2000)
+    target = np.clip(source + rng.integers(-5, 8, 2000), 1, None)
+    whole = LengthSortedSampler(source, target, seed=7)
+    cuts = [0, 1, 1, 700, 1999, 2000]  # chunks of every size, an empty one among them
+    chunked = LengthSortedSampler.of_chunks(
+        [source[a:b].astype(np.int32) for a, b in itertools.pairwise(cuts)],
+        [target[a:b].astype(np.int32) for a, b in itertools.pairwise(cuts)],
+        seed=7,
+    )
+    assert chunked.groups.dtype == np.uint16 and np.array_equal(chunked.groups, whole.groups)
+    assert np.array_equal(chunked.group_sources, whole.group_sources) and list(chunked) == list(whole)
+    # The groups rank (source, target) as the §5.1 sort orders them.
+    keys = list(zip(whole.group_sources.tolist(), whole.group_targets.tolist(), strict=True))
+    assert keys == sorted(set(zip(source.tolist(), target.tolist(), strict=True)))
+    with pytest.raises(ValueError, match="chunks differ"):
+        LengthSortedSampler.of_chunks([source], [target[:-1]])

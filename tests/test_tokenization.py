@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from datasets import Dataset, DatasetDict
 
@@ -82,7 +83,7 @@ def test_too_small_a_vocabulary_is_refused(pairs):
 
 def test_the_training_split_is_tokenized_without_text_in_narrow_ids_with_its_lengths(tokenizer, pairs, tmp_path):
     from hf_vanilla_transformer.data.corpora import parallel_files_corpus
-    from hf_vanilla_transformer.data.preparation import lengths, tokenized_folder
+    from hf_vanilla_transformer.data.preparation import length_chunks, lengths, tokenized_folder
 
     corpus = parallel_files_corpus(str(FIXTURE), str(FIXTURE), cache_dir=tmp_path)
     assert tokenized_folder(corpus["train"], tokenizer, 12, tmp_path).exists() is False
@@ -103,6 +104,10 @@ def test_the_training_split_is_tokenized_without_text_in_narrow_ids_with_its_len
     source, target = lengths(train)
     assert source.tolist() == [len(tokenizer(s)["input_ids"]) for s, _ in kept]
     assert target.tolist() == [len(tokenizer(text_target=t)["input_ids"]) for _, t in kept]
+    # The batch sampler reads the same lengths a record batch at a time, from the mapped file: no copy.
+    sources, targets = length_chunks(train)
+    assert np.array_equal(np.concatenate(sources), source) and np.array_equal(np.concatenate(targets), target)
+    assert all(not chunk.flags.owndata and not chunk.flags.writeable for chunk in (*sources, *targets))
     # Cached: tokenized again, the same files are read, not written.
     folder = tokenized_folder(corpus["train"], tokenizer, 12, tmp_path)
     files = sorted(entry["filename"] for entry in train.cache_files)

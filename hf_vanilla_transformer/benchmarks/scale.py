@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..utils.machine import describe_machine, memory_now
+from ..utils.machine import describe_machine, memory_now, peak_rss_bytes, reset_peak_rss
 from .measure import versions
 
 
@@ -133,9 +133,12 @@ def time_batches(pairs: int, lengths_like: tuple[np.ndarray, np.ndarray] | None,
         sources = rng.integers(2, 120, pairs)
         targets = np.clip(sources + rng.integers(-10, 15, pairs), 2, 256)
     own = memory_now().get("anon_rss_bytes", 0)
+    resident = own + memory_now().get("file_rss_bytes", 0)
+    reset_peak_rss()
     began = time.perf_counter()
     sampler = TokenBudgetBatchSampler(sources, targets, max_tokens=4096, seed=seed)
     built = time.perf_counter() - began
+    build_peak = peak_rss_bytes() - resident  # what building held for a moment, on top of the lengths
     began = time.perf_counter()
     batches = iter(sampler)
     next(batches)
@@ -144,6 +147,7 @@ def time_batches(pairs: int, lengths_like: tuple[np.ndarray, np.ndarray] | None,
     held = memory_now().get("anon_rss_bytes", 0) - own  # the sampler's arrays and the epoch's order, if readable
     return {
         "sampler_bytes": held,
+        "build_peak_bytes": build_peak,
         "pairs": pairs,
         "batches": count,
         "build_seconds": built,
@@ -235,7 +239,13 @@ def scale_table(results: dict) -> str:
         f"Batches of {batches['pairs']:,} pairs at 4,096 tokens: built in {batches['build_seconds']:.1f} s, the first "
         f"batch of an epoch after {batches['first_batch_seconds']:.1f} s more, the whole epoch "
         f"({batches['batches']:,} batches) in {batches['epoch_seconds']:.1f} s"
-        + (f"; the sampler holds {_gb(batches['sampler_bytes'])} GB." if batches.get("sampler_bytes") else "."),
+        + (f"; the sampler holds {_gb(batches['sampler_bytes'])} GB" if batches.get("sampler_bytes") else "")
+        + (
+            f", building it {_gb(batches['build_peak_bytes'])} GB for a moment"
+            if batches.get("build_peak_bytes")
+            else ""
+        )
+        + ".",
     ]
     return "\n".join(lines)
 

@@ -22,6 +22,9 @@ import numpy as np
 from torch.utils.data import Sampler
 
 
+KEY_CHUNK = 1 << 20  # lengths made into sort keys at a time
+
+
 class LengthSortedSampler(Sampler[int]):
     """Indices sorted by (source length, target length), equal lengths in a random order seeded by (seed, epoch)."""
 
@@ -31,13 +34,30 @@ class LengthSortedSampler(Sampler[int]):
         sources, targets = _integers(source_lengths), _integers(target_lengths)
         if sources.shape != targets.shape:
             raise ValueError(f"{len(sources)} source lengths but {len(targets)} target lengths.")
+        pieces = range(0, len(sources), KEY_CHUNK)  # views: the keys are made a piece at a time
+        self._group(
+            [sources[i : i + KEY_CHUNK] for i in pieces], [targets[i : i + KEY_CHUNK] for i in pieces], seed, shuffle
+        )
+
+    @classmethod
+    def of_chunks(
+        cls, sources: list[np.ndarray], targets: list[np.ndarray], seed: int = 0, shuffle: bool = True
+    ) -> LengthSortedSampler:
+        """The sampler of the lengths `np.concatenate(sources)`, `np.concatenate(targets)`, read chunk by chunk (the
+        length columns' record batches, memory-mapped): no copy of the lengths is made."""
+        if [len(chunk) for chunk in sources] != [len(chunk) for chunk in targets]:
+            raise ValueError("The source and target length chunks differ in size.")
+        sampler = cls.__new__(cls)
+        sampler._group([_integers(chunk) for chunk in sources], [_integers(chunk) for chunk in targets], seed, shuffle)
+        return sampler
+
+    def _group(self, sources: list[np.ndarray], targets: list[np.ndarray], seed: int, shuffle: bool) -> None:
         self.seed = seed
         self.shuffle = shuffle
         self.epoch = 0
         # Only the groups are kept (16 bits a pair where they fit): 72 MB at 36M pairs, where the lengths and a
         # sorted order in int64 held 0.87 GB in every process.
-        self.groups, self.group_sources, self.group_targets = length_groups(sources, targets)
-        self.group_sizes = np.bincount(self.groups, minlength=len(self.group_sources))
+        self.groups, self.group_sources, self.group_targets, self.group_sizes = length_groups(sources, targets)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -52,31 +72,48 @@ class LengthSortedSampler(Sampler[int]):
         """The epoch's order: a random permutation, then stably sorted by length group (ties keep its order)."""
         if not self.shuffle:
             return np.argsort(self.groups, kind="stable")
-        permutation = rng.permutation(len(self.groups))
-        if len(permutation) < 2**32:  # the order is held for the whole epoch: 32 bits a pair where they suffice
-            permutation = permutation.astype(np.uint32)
+        # The order is held for the whole epoch: 32 bits a pair where they suffice, shuffled in place (the same
+        # draws, and the same permutation, as `rng.permutation`, without its 64-bit copy).
+        permutation = np.arange(len(self.groups), dtype=np.uint32 if len(self.groups) < 2**32 else np.int64)
+        rng.shuffle(permutation)
         return permutation[np.argsort(self.groups[permutation], kind="stable")]
 
     def __len__(self) -> int:
         return len(self.groups)
 
 
-def length_groups(sources: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(each pair's length group, each group's source length, each group's target length): a group is the rank of
-    a pair's (source, target) lengths among the distinct ones in sorted order, in 16 bits where they fit (NumPy's
-    stable sort of 16-bit integers is a radix sort). The keys are 32-bit where they fit: building the groups of 36M
-    pairs holds 0.2 GB more for a moment, not the 1.2 GB of 64-bit copies."""
-    width = int(targets.max(initial=0)) + 1
-    narrow = (int(sources.max(initial=0)) + 1) * width < 2**31
-    keys = sources.astype(np.int32 if narrow else np.int64, copy=False) * width + targets
-    if int(keys.max(initial=0)) < 2**22:  # a table of every possible key (32 MB at most): linear time
-        present = np.bincount(keys) > 0
+def length_groups(sources: list[np.ndarray], targets: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+    """(each pair's length group, each group's source length, target length and size) for the pairs whose
+    lengths are the chunks `sources` and `targets` end to end: a group is the rank of a pair's (source, target)
+    lengths among the distinct ones in sorted order, in 16 bits where they fit (NumPy's stable sort of 16-bit
+    integers is a radix sort). The keys are made a chunk at a time, 32-bit where they fit: building the groups holds
+    the groups and one chunk's keys, not 64-bit copies of every length (1.2 GB at 36M pairs)."""
+    width = max((int(chunk.max(initial=0)) for chunk in targets), default=0) + 1
+    top = (max((int(chunk.max(initial=0)) for chunk in sources), default=0) + 1) * width  # every key is below
+    key_type = np.int32 if top < 2**31 else np.int64
+
+    def keys():
+        for source, target in zip(sources, targets, strict=True):
+            yield source.astype(key_type, copy=False) * width + target.astype(key_type, copy=False)
+
+    if top <= 2**22:  # a table of every possible key (32 MB at most): linear time
+        present = np.zeros(top, dtype=bool)
+        for chunk in keys():
+            present[chunk] = True
         distinct = np.flatnonzero(present)
-        groups = (np.cumsum(present) - 1).astype(_group_type(len(distinct)))[keys]
+        rank = (np.cumsum(present) - 1).astype(_group_type(len(distinct)))
+        grouped = (rank[chunk] for chunk in keys())
     else:
-        distinct, groups = np.unique(keys, return_inverse=True)
-        groups = groups.astype(_group_type(len(distinct)))
-    return groups, distinct // width, distinct % width
+        distinct = np.unique(np.concatenate([np.unique(chunk) for chunk in keys()]))
+        rank_type = _group_type(len(distinct))
+        grouped = (np.searchsorted(distinct, chunk).astype(rank_type) for chunk in keys())
+    groups = np.empty(sum(len(chunk) for chunk in sources), dtype=_group_type(len(distinct)))
+    sizes, start = np.zeros(len(distinct), dtype=np.int64), 0
+    for chunk in grouped:
+        groups[start : start + len(chunk)] = chunk
+        sizes += np.bincount(chunk, minlength=len(distinct))  # a chunk at a time: bincount widens to 64 bits
+        start += len(chunk)
+    return groups, distinct // width, distinct % width, sizes
 
 
 def _group_type(count: int) -> type:
@@ -141,11 +178,12 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             groups.group_sizes, groups.group_sources, groups.group_targets, max_tokens, max_sentences
         )
         self.ends = np.append(self.starts[1:], len(groups))
-        # Padded tokens of each batch: its size times its longest source plus its longest target.
-        sorted_targets = np.repeat(groups.group_targets, groups.group_sizes)
-        longest_source = np.repeat(groups.group_sources, groups.group_sizes)[self.ends - 1]
-        longest_target = np.maximum.reduceat(sorted_targets, self.starts)
-        self._padded = (self.ends - self.starts) * (longest_source + longest_target)
+        # Padded tokens of each batch: its size times its longest source (its last group's) plus its longest target
+        # (the longest of the groups it spans: those up to the next batch's first, and its last).
+        group_ends = np.cumsum(groups.group_sizes)
+        first, last = (np.searchsorted(group_ends, at, side="right") for at in (self.starts, self.ends - 1))
+        longest_target = np.maximum(np.maximum.reduceat(groups.group_targets, first), groups.group_targets[last])
+        self._padded = (self.ends - self.starts) * (groups.group_sources[last] + longest_target)
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)

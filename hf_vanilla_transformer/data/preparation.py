@@ -249,6 +249,18 @@ def tokenize_training_split(
     return concatenate_datasets([Dataset.from_file(str(path)) for path in shards])
 
 
+def length_chunks(train: Dataset) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The source and target lengths of a tokenized training split, in chunks: its length columns' record batches
+    as they lie in the memory-mapped file (no copy), or (for a split that selects rows of its file, or was
+    tokenized elsewhere) one chunk each of `lengths`."""
+    if train._indices is None and all(name in train.column_names for name in LENGTH_COLUMNS):
+        source, target = (train.data.column(name).chunks for name in LENGTH_COLUMNS)
+        if all(chunk.null_count == 0 for chunk in (*source, *target)):
+            return [c.to_numpy(zero_copy_only=True) for c in source], [c.to_numpy(zero_copy_only=True) for c in target]
+    source, target = lengths(train)
+    return [source], [target]
+
+
 def lengths(train: Dataset) -> tuple[np.ndarray, np.ndarray]:
     """The source and target lengths of a tokenized training split, as arrays: its length columns read whole, or
     (for a split tokenized elsewhere) the lengths of its ids."""

@@ -35,7 +35,7 @@ from transformers import (
 from ..data.batching import LengthSortedSampler, TokenBudgetBatchSampler
 from ..data.corpora import hold_out, load_corpus
 from ..data.errors import CorpusError
-from ..data.preparation import learn_tokenizer, lengths, tokenize_corpus, tokenized_folder, tokenizer_to_text
+from ..data.preparation import learn_tokenizer, length_chunks, tokenize_corpus, tokenized_folder, tokenizer_to_text
 from ..data.tokenizer import check_special_tokens, wrap_tokenizer
 from ..evaluation.length_penalty import length_penalty_choices
 from ..evaluation.metrics import seq2seq_bleu_metrics
@@ -220,10 +220,11 @@ def _prepare_data(recipe, args, output_dir: Path, clock: SetupClock):
 class BatchSamplers:
     """One token-budget batch sampler per batch size over the training split's length columns, built once and
     shared by the planner (calibration, epoch sizes) and the Trainer. Every size shares one array of the pairs'
-    length groups (2 bytes a pair); the lengths themselves are not kept."""
+    length groups (2 bytes a pair), made from the memory-mapped length columns a record batch at a time: the
+    lengths are never copied."""
 
     def __init__(self, train, seed: int):
-        self.groups = LengthSortedSampler(*lengths(train), seed=seed)
+        self.groups = LengthSortedSampler.of_chunks(*length_chunks(train), seed=seed)
         self.samplers: dict[int, TokenBudgetBatchSampler] = {}
 
     def of(self, max_tokens: int) -> TokenBudgetBatchSampler:
