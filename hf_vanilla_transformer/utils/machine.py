@@ -3,6 +3,7 @@ memory of this process. Every figure this package writes names its machine throu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import resource
@@ -107,10 +108,8 @@ def mapped_bytes(suffix: str = ".arrow") -> dict[str, int]:
 
 def reset_peak_rss() -> None:
     """Start `peak_rss_bytes` again from the memory the process holds now (Linux; elsewhere nothing happens)."""
-    try:
+    with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
 
 
 def peak_rss_bytes() -> int:
