@@ -124,8 +124,9 @@ def test_the_data_memory_of_a_launch_counts_each_process_data_stages_and_the_sha
         return {"at_start": {"anon_rss_bytes": 300 * mb}, "stages": stages}
 
     one, pair = setup(arrow_pss=60), [setup(arrow_pss=30), setup(arrow_pss=30)]  # the same 60 MB of pages, shared
-    assert data_memory([one]) == 100 * mb and data_memory(pair) == 140 * mb
-    assert "1.40x the one process's 0.10 GB" in launch_memory(pair, one)
+    assert data_memory([one]) == ([40 * mb], 60 * mb) and data_memory(pair) == ([40 * mb, 40 * mb], 60 * mb)
+    line = launch_memory(pair, one)
+    assert "0.06 GB together, 1.00x the one process's 0.06 GB" in line and "0.04 and 0.04 GB, against 0.04 GB" in line
 
 
 @pytest.mark.slow

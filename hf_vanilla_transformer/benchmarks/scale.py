@@ -253,30 +253,31 @@ def scale_table(results: dict) -> str:
 DATA_STAGES = ("corpus", "tokenizer", "tokenize", "lengths and batches")
 
 
-def data_memory(setups: list[dict]) -> int:
-    """What the processes of a run hold for the data at the end of their set-up: each one's own memory added by
-    the data's stages (its tables, tokenizer, length groups and batches) and its share of the Arrow files' pages
-    (PSS: pages the processes share are counted once over the sum)."""
-    total = 0
+def data_memory(setups: list[dict]) -> tuple[list[int], int]:
+    """What the processes of a run hold for the data at the end of their set-up: (each one's own memory added by
+    the data's stages: its tables, tokenizer, length groups and batches; the Arrow files' resident pages, PSS summed
+    over the processes: pages they share counted once)."""
+    own = []
     for setup in setups:
-        previous, stages = setup["at_start"], setup["stages"]
-        for name, figures in stages.items():
+        previous, added = setup["at_start"], 0
+        for name, figures in setup["stages"].items():
             if name in DATA_STAGES:
-                total += figures["anon_rss_bytes"] - previous["anon_rss_bytes"]
+                added += figures["anon_rss_bytes"] - previous["anon_rss_bytes"]
             previous = figures
-        total += stages["plan"]["arrow_pss_bytes"]
-    return total
+        own.append(added)
+    return own, sum(setup["stages"]["plan"]["arrow_pss_bytes"] for setup in setups)
 
 
 def launch_memory(launch: list[dict], alone: dict) -> str:
-    """The launch's memory at the end of set-up against one process of the same recipe: all of it, and the data's."""
+    """The launch's memory at the end of set-up against one process of the same recipe: all of it, the Arrow
+    pages, each process's own data memory."""
     together, one = (sum(setup["stages"]["plan"]["pss_bytes"] for setup in group) for group in (launch, [alone]))
-    data, data_alone = data_memory(launch), data_memory([alone])
+    (own, pages), ((own_alone,), pages_alone) = data_memory(launch), data_memory([alone])
     return (
         f"At the end of their set-up the launch's {len(launch)} processes hold {_gb(together)} GB together (PSS "
-        f"summed), {together / one:.2f}x the one process's {_gb(one)} GB; of it the data (each process's own memory "
-        f"added by the data's stages, and the Arrow pages counted once): {_gb(data)} GB, {data / data_alone:.2f}x the "
-        f"one process's {_gb(data_alone)} GB."
+        f"summed), {together / one:.2f}x the one process's {_gb(one)} GB. The Arrow files' pages: {_gb(pages)} GB "
+        f"together, {pages / pages_alone:.2f}x the one process's {_gb(pages_alone)} GB; each process's own memory "
+        f"added by the data's stages: {' and '.join(_gb(value) for value in own)} GB, against {_gb(own_alone)} GB."
     )
 
 
