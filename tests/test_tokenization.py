@@ -139,20 +139,22 @@ def test_the_bpe_learns_from_a_seeded_capped_sample_and_is_cached(pairs, tmp_pat
 
 def test_corpus_and_tokenized_files_hold_large_record_batches_with_the_same_ids(tokenizer, tmp_path, monkeypatch):
     """Opening a file maps pages around every record batch's header, so both files are written in large batches
-    (`WRITE_BATCH`, `RECORD_BATCH` pairs; small here); the ids are still encoded `MAP_BATCH` pairs at a time."""
+    (`WRITE_BATCH`, `RECORD_BATCH` pairs; smaller here, but larger than the 1,000 rows `datasets.map` writes by
+    default); the ids are still encoded `MAP_BATCH` pairs at a time."""
     import datasets
 
     from hf_vanilla_transformer.data import corpora, preparation
 
     monkeypatch.setattr(datasets.config, "DEFAULT_MAX_BATCH_SIZE", 10)  # what a writer left to its default would use
-    monkeypatch.setattr(corpora, "WRITE_BATCH", 50)
-    monkeypatch.setattr(preparation, "RECORD_BATCH", 64)
-    monkeypatch.setattr(preparation, "MAP_BATCH", 7)
-    train = corpora.parallel_files_corpus(str(FIXTURE), cache_dir=tmp_path)["train"]
-    assert [batch.num_rows for batch in train.data.table.to_batches()] == [50, 50, 50, 50]
-    encoded = preparation.tokenize_training_split(train, tokenizer, max_length=12, cache_dir=tmp_path, num_proc=1)
-    whole = preparation.encode_pairs(train[:], tokenizer, max_length=12)  # every pair at once, as lists
+    monkeypatch.setattr(corpora, "WRITE_BATCH", 1300)
+    monkeypatch.setattr(preparation, "RECORD_BATCH", 2000)
+    monkeypatch.setattr(preparation, "MAP_BATCH", 300)
+    (tmp_path / "large.tsv").write_text(FIXTURE.read_text(encoding="utf-8") * 13, encoding="utf-8")  # 2,600 pairs
+    train = corpora.parallel_files_corpus(str(tmp_path / "large.tsv"), cache_dir=tmp_path)["train"]
+    assert [batch.num_rows for batch in train.data.table.to_batches()] == [1300, 1300]
+    encoded = preparation.tokenize_training_split(train, tokenizer, max_length=40, cache_dir=tmp_path, num_proc=1)
+    whole = preparation.encode_pairs(train[:], tokenizer, max_length=40)  # every pair at once, as lists
     assert encoded["input_ids"] == whole["input_ids"] and encoded["labels"] == whole["labels"]
     assert encoded["target_length"] == whole["target_length"] and 0 < len(encoded) < len(train)
-    kept = [len(preparation.encode_pairs(train[i : i + 64], tokenizer, 12)["labels"]) for i in range(0, 200, 64)]
-    assert [n for n in (b.num_rows for b in encoded.data.table.to_batches()) if n] == [n for n in kept if n]
+    kept = [len(preparation.encode_pairs(train[i : i + 2000], tokenizer, 40)["labels"]) for i in (0, 2000)]
+    assert [batch.num_rows for batch in encoded.data.table.to_batches()] == kept and kept[0] > 1000

@@ -231,7 +231,8 @@ def scale_table(results: dict) -> str:
     alone = results.get("launch_alone", {}).get("processes", [])
     for setup in alone:
         lines.append(_row("largest", "base, 1 process (warm)", setup))
-    if launch and alone:
+    measured = ("pss_bytes", "arrow_pss_bytes")  # Linux only (/proc)
+    if launch and alone and all(key in s["stages"]["plan"] for s in (*launch, *alone) for key in measured):
         lines += ["", launch_memory(launch, alone[0])]
     batches = results["batches"]
     lines += [
@@ -276,7 +277,7 @@ def launch_memory(launch: list[dict], alone: dict) -> str:
     return (
         f"At the end of their set-up the launch's {len(launch)} processes hold {_gb(together)} GB together (PSS "
         f"summed), {together / one:.2f}x the one process's {_gb(one)} GB. The Arrow files' pages: {_gb(pages)} GB "
-        f"together, {pages / pages_alone:.2f}x the one process's {_gb(pages_alone)} GB; each process's own memory "
+        f"together, {pages / max(pages_alone, 1):.2f}x the one process's {_gb(pages_alone)} GB; each process's own memory "
         f"added by the data's stages: {' and '.join(_gb(value) for value in own)} GB, against {_gb(own_alone)} GB."
     )
 

@@ -156,7 +156,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         cls, sampler: LengthSortedSampler, max_tokens: int, max_sentences: int | None = None
     ) -> TokenBudgetBatchSampler:
         """Batches of another size over the same pairs: `sampler`'s length groups shared (not copied), its seed,
-        an epoch of their own. The batches are those of `TokenBudgetBatchSampler(lengths..., max_tokens)`."""
+        an epoch of their own (starting at `sampler`'s; `set_epoch` on one leaves the others). The batches are those
+        of `TokenBudgetBatchSampler(lengths..., max_tokens)`."""
         if len(sampler) == 0:
             raise ValueError("Cannot batch an empty dataset.")
         batches = cls.__new__(cls)
