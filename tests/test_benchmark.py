@@ -5,7 +5,6 @@ asserts)."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -61,9 +60,6 @@ def test_benchmark_reports_every_case_and_ratio(tmp_path):
         "benchmark.py",
         *("--sizes", "toy", "--vocab_size", "99", "--repeats", "1", "--warmup", "1", "--new_tokens", "4"),
         *("--batch_tokens", "200", "--json", output),
-        # A cold compile cache of its own: with the machine's warm one, the compiled variants' first call can take
-        # no longer than the others and the compile's cost reads 0.
-        env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(output.read_text())["sizes"]["toy"]
@@ -74,7 +70,10 @@ def test_benchmark_reports_every_case_and_ratio(tmp_path):
     assert set(figures["ratios"]["train_logits"]) == {"ours"}
     assert all(value > 0 for ratios in figures["ratios"].values() for value in ratios.values())
     assert 0 < figures["cases"]["train_labels"]["ours"]["mfu"] < 1
-    assert figures["cases"]["beam4"]["ours_compiled"]["compile_warmup_seconds"] > 0
+    # The compile's cost is paid by the first compiled case; beam search then reuses its graphs, so its own first
+    # call costs about nothing more (noise, clipped at 0).
+    assert figures["cases"]["greedy"]["ours_compiled"]["compile_warmup_seconds"] > 0.1
+    assert figures["cases"]["beam4"]["ours_compiled"]["compile_warmup_seconds"] >= 0
     assert "| toy | train_labels |" in result.stdout
 
 
