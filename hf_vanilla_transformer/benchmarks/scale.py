@@ -132,8 +132,9 @@ def time_batches(pairs: int, lengths_like: tuple[np.ndarray, np.ndarray] | None,
     else:
         sources = rng.integers(2, 120, pairs)
         targets = np.clip(sources + rng.integers(-10, 15, pairs), 2, 256)
-    own = memory_now().get("anon_rss_bytes", 0)
-    resident = own + memory_now().get("file_rss_bytes", 0)
+    before = memory_now()
+    own = before.get("anon_rss_bytes", 0)
+    resident = own + before.get("file_rss_bytes", 0)
     reset_peak_rss()
     began = time.perf_counter()
     sampler = TokenBudgetBatchSampler(sources, targets, max_tokens=4096, seed=seed)

@@ -145,8 +145,6 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         shuffle: bool = True,
         max_sentences: int | None = None,
     ):
-        if len(source_lengths) == 0:
-            raise ValueError("Cannot batch an empty dataset.")
         self._cut(
             LengthSortedSampler(source_lengths, target_lengths, seed=seed, shuffle=shuffle), max_tokens, max_sentences
         )
@@ -158,14 +156,14 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """Batches of another size over the same pairs: `sampler`'s length groups shared (not copied), its seed,
         an epoch of their own (starting at `sampler`'s; `set_epoch` on one leaves the others). The batches are those
         of `TokenBudgetBatchSampler(lengths..., max_tokens)`."""
-        if len(sampler) == 0:
-            raise ValueError("Cannot batch an empty dataset.")
         batches = cls.__new__(cls)
         batches._cut(copy.copy(sampler), max_tokens, max_sentences)
         return batches
 
     def _cut(self, sampler: LengthSortedSampler, max_tokens: int, max_sentences: int | None) -> None:
         """Where the batches start and end in the length-sorted order, and their padded tokens."""
+        if len(sampler) == 0:
+            raise ValueError("Cannot batch an empty dataset.")
         if max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens} is invalid; expected a positive number of tokens per batch.")
         if max_sentences is not None and max_sentences < 1:
@@ -173,7 +171,6 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.sampler = sampler
         self.max_tokens = max_tokens
         self.max_sentences = max_sentences
-        self.shuffle = sampler.shuffle
         groups = self.sampler
         self.starts = batch_starts(
             groups.group_sizes, groups.group_sources, groups.group_targets, max_tokens, max_sentences
@@ -185,6 +182,10 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         first, last = (np.searchsorted(group_ends, at, side="right") for at in (self.starts, self.ends - 1))
         longest_target = np.maximum(np.maximum.reduceat(groups.group_targets, first), groups.group_targets[last])
         self._padded = (self.ends - self.starts) * (groups.group_sources[last] + longest_target)
+
+    @property
+    def shuffle(self) -> bool:
+        return self.sampler.shuffle
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)

@@ -37,8 +37,7 @@ BPE_SAMPLE_PAIRS = 2_000_000  # pairs (4 million sentences) the BPE reads at mos
 BPE_SAMPLE_SEED = 0
 PARALLEL_FROM_PAIRS = 200_000  # a training split at least this large is tokenized in several processes
 MAP_BATCH = 2_000  # pairs encoded at a time (their ids are Python lists until they become Arrow)
-# Pairs per batch of the training split's map and per record batch of its Arrow file: opening the file reads every
-# batch's header through the memory map (and the system maps 64 kB around each), so small batches map half of it.
+# Pairs per batch of the training split's map and per record batch of its Arrow file (as `corpora.WRITE_BATCH`).
 RECORD_BATCH = 50_000
 LENGTH_COLUMNS = ("source_length", "target_length")
 
@@ -160,15 +159,10 @@ def encode_record_batch(batch: dict, tokenizer: PreTrainedTokenizerFast, max_len
     """`encode_pairs` over a batch of up to `RECORD_BATCH` pairs, `MAP_BATCH` at a time, as one Arrow table: a
     worker holds the ids of `MAP_BATCH` pairs as Python lists at a time, and the file gets large record batches."""
     schema = Features(token_features(len(tokenizer))).arrow_schema
-    tables = [
-        pa.Table.from_pydict(
-            encode_pairs(
-                {side: batch[side][start : start + MAP_BATCH] for side in ("source", "target")}, tokenizer, max_length
-            ),
-            schema=schema,
-        )
-        for start in range(0, len(batch["source"]), MAP_BATCH)
-    ]
+    tables = []
+    for start in range(0, len(batch["source"]), MAP_BATCH):
+        pairs = {side: batch[side][start : start + MAP_BATCH] for side in ("source", "target")}
+        tables.append(pa.Table.from_pydict(encode_pairs(pairs, tokenizer, max_length), schema=schema))
     return pa.concat_tables(tables).combine_chunks() if tables else schema.empty_table()
 
 
@@ -252,25 +246,21 @@ def tokenize_training_split(
 def length_chunks(train: Dataset) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The source and target lengths of a tokenized training split, in chunks: its length columns' record batches
     as they lie in the memory-mapped file (no copy), or (for a split that selects rows of its file, or was
-    tokenized elsewhere) one chunk each of `lengths`."""
+    tokenized elsewhere) one chunk each, read from its rows."""
     if train._indices is None and all(name in train.column_names for name in LENGTH_COLUMNS):
         source, target = (train.data.column(name).chunks for name in LENGTH_COLUMNS)
-        if all(chunk.null_count == 0 for chunk in (*source, *target)):
-            return [c.to_numpy(zero_copy_only=True) for c in source], [c.to_numpy(zero_copy_only=True) for c in target]
-    source, target = lengths(train)
-    return [source], [target]
+        return [c.to_numpy(zero_copy_only=True) for c in source], [c.to_numpy(zero_copy_only=True) for c in target]
+    if all(name in train.column_names for name in LENGTH_COLUMNS):
+        columns = train.select_columns(list(LENGTH_COLUMNS)).with_format("numpy")[:]
+        return [columns["source_length"]], [columns["target_length"]]
+    return (
+        [np.fromiter((len(ids) for ids in train["input_ids"]), dtype=np.int64, count=len(train))],
+        [np.fromiter((len(ids) for ids in train["labels"]), dtype=np.int64, count=len(train))],
+    )
 
 
 def lengths(train: Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """The source and target lengths of a tokenized training split, as arrays: its length columns read whole, or
-    (for a split tokenized elsewhere) the lengths of its ids."""
-    if all(name in train.column_names for name in LENGTH_COLUMNS):
-        if train._indices is None:  # the columns of the Arrow table itself: no pass over the rows
-            source, target = (train.data.column(name).to_numpy() for name in LENGTH_COLUMNS)
-            return source, target
-        columns = train.select_columns(list(LENGTH_COLUMNS)).with_format("numpy")[:]
-        return columns["source_length"], columns["target_length"]
-    return (
-        np.fromiter((len(ids) for ids in train["input_ids"]), dtype=np.int64, count=len(train)),
-        np.fromiter((len(ids) for ids in train["labels"]), dtype=np.int64, count=len(train)),
-    )
+    """The source and target lengths of a tokenized training split, as arrays (`length_chunks` end to end)."""
+    none = [np.zeros(0, dtype=np.int32)]  # a table of no record batches
+    source, target = length_chunks(train)
+    return np.concatenate(source or none), np.concatenate(target or none)
