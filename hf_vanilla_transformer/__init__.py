@@ -13,6 +13,7 @@ from .model.decoding_vanilla_transformer import (
     default_generation_config,
     gnmt_length_penalty,
 )
+from .model.inputs_vanilla_transformer import without_host_reads
 from .model.loss_vanilla_transformer import label_smoothed_loss
 from .model.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
@@ -61,4 +62,5 @@ __all__ = [
     "label_smoothed_loss",
     "shift_tokens_right",
     "sinusoidal_positions",
+    "without_host_reads",
 ]

@@ -165,13 +165,33 @@ def test_20000_pairs_give_the_pinned_batches(max_tokens, max_sentences, epoch, c
     assert round(sampler.tokens_per_batch(), 4) == padded
 
 
-def test_the_calibration_spread_is_chosen_without_building_the_epoch():
-    from hf_vanilla_transformer.training.calibration import calibration_batches
-
+def test_the_calibration_spread_spans_the_batch_sizes_of_the_epoch():
     source, target = lengths(3000, seed=3)
     sampler = TokenBudgetBatchSampler(source, target, max_tokens=600, seed=4)
-    for count in (1, 5, 12, 10**6):
-        assert sampler.spread(count) == calibration_batches(list(sampler), count)
+    served = list(sampler)  # epoch 0
+    assert sampler.spread(10**6) == served  # fewer batches than asked: all of them, in the order served
+    assert sampler.spread(1) == [min(served, key=len)]
+    spread = sampler.spread(5)
+    assert [len(batch) for batch in spread] == [5, 11, 13, 19, 75]  # from the fewest pairs to the most
+    assert (min(map(len, served)), max(map(len, served))) == (5, 75)
+    assert all(batch in served for batch in spread)
+
+
+def test_the_batch_shapes_are_counted_as_the_collator_pads_them():
+    """Each new batch shape costs its first update more (the calibration measures it); the run counts the shapes
+    it meets: (pairs, longest source, longest target), the lengths rounded up to the collator's multiple."""
+    # Lengths 1..4 on both sides, at most 8 tokens per side: one batch of 8 pairs of length 1, two of 4 pairs of
+    # length 2, two of 2 pairs of length 3, two of 2 pairs of length 4.
+    source = [1] * 8 + [2] * 8 + [3] * 4 + [4] * 4
+    sampler = TokenBudgetBatchSampler(source, source, max_tokens=8, seed=0)
+    assert len(sampler) == 7
+    assert sorted(sampler.shape_counts().tolist()) == [1, 2, 2, 2]
+    assert sorted(sampler.shape_counts(multiple=8).tolist()) == [1, 2, 4]  # padded to 8: lengths 3 and 4 alike
+    assert sampler.shapes_met(7) == sampler.shapes_met(10**6) == 4.0  # a whole epoch meets every shape
+    assert sampler.shapes_met(7, multiple=8) == 3.0
+    assert sampler.shapes_met(0) == 0.0
+    # 3 of the 7 batches: a shape of c batches is missed with probability about (1 - 3/7)^c.
+    assert sampler.shapes_met(3) == pytest.approx(3 / 7 + 3 * (1 - (4 / 7) ** 2))
 
 
 def test_batch_sizes_over_one_shared_set_of_length_groups_are_the_batches_of_their_own():

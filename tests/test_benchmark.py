@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hf_vanilla_transformer.benchmarks.config import BenchmarkConfig
+from hf_vanilla_transformer.benchmarks.speed import run_benchmark, speed_table, token_agreement
 from hf_vanilla_transformer.benchmarks.twins import (
     build_models,
     generation_inputs,
@@ -75,6 +76,35 @@ def test_benchmark_reports_every_case_and_ratio(tmp_path):
     assert figures["cases"]["greedy"]["ours_compiled"]["compile_warmup_seconds"] > 0.1
     assert figures["cases"]["beam4"]["ours_compiled"]["compile_warmup_seconds"] >= 0
     assert "| toy | train_labels |" in result.stdout
+
+
+def test_in_bf16_the_tokens_are_compared_in_fp32_and_each_variants_share_is_recorded():
+    """Two correct implementations round differently in bf16, and one different token changes the rest: the
+    benchmark then records each variant's share of ours' tokens (the table says it) and checks the parity in fp32,
+    where any difference is an error."""
+    ours = torch.tensor([[1, 2, 3, 4]])
+    outputs = {"ours": ours, "marian": torch.tensor([[1, 2, 9, 9]]), "matrix_products": None}
+    bf16 = BenchmarkConfig(sizes=("toy",), dtype="bf16")
+    assert token_agreement("toy", "greedy", outputs, bf16) == {"ours": 1.0, "marian": 0.5}
+    with pytest.raises(RuntimeError, match="toy greedy: marian generated other tokens than ours eager"):
+        token_agreement("toy", "greedy", outputs, BenchmarkConfig(sizes=("toy",)))
+    options = BenchmarkConfig(
+        sizes=["toy"],
+        dtype="bf16",
+        vocab_size=99,
+        repeats=1,
+        warmup=1,
+        new_tokens=4,
+        batch_tokens=200,
+        compile=False,
+        memory=False,
+    )
+    results = run_benchmark(options)
+    figures = results["sizes"]["toy"]["cases"]
+    for case in ("greedy", "beam4"):
+        assert 0 <= figures[case]["marian"]["tokens_equal_to_ours"] <= 1
+        assert figures[case]["ours"]["tokens_equal_to_ours"] == 1.0
+    assert "| toy | greedy |" in speed_table(results)
 
 
 class LinearShapes(torch.overrides.TorchFunctionMode):

@@ -288,8 +288,8 @@ def test_the_main_jobs_recipe_averages_the_last_third_of_any_run_length(tmp_path
     """The CPU recipe file (scripts/main.py) builds both argument sets and passes the schedule checks; whatever
     length the budget fixes, its checkpoints fall so that the last five averaged cover the end of the run."""
     from hf_vanilla_transformer.training.averaging import choose_checkpoints
-    from hf_vanilla_transformer.training.planning import schedule_for
     from hf_vanilla_transformer.training.recipes import parse_arguments
+    from hf_vanilla_transformer.training.schedule import schedule_for
 
     recipe, args = parse_arguments(["--output_dir", str(tmp_path)], default_recipe="cpu")
     check_schedule_arguments(args)

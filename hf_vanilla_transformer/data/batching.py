@@ -181,7 +181,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         group_ends = np.cumsum(groups.group_sizes)
         first, last = (np.searchsorted(group_ends, at, side="right") for at in (self.starts, self.ends - 1))
         longest_target = np.maximum(np.maximum.reduceat(groups.group_targets, first), groups.group_targets[last])
+        self._longest = (groups.group_sources[last], longest_target)  # each batch's longest source and target
         self._padded = (self.ends - self.starts) * (groups.group_sources[last] + longest_target)
+        self._shape_counts: dict[int, np.ndarray] = {}
 
     @property
     def shuffle(self) -> bool:
@@ -222,6 +224,25 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             )
         return [order[self.starts[batch] : self.ends[batch]].tolist() for batch in served]
 
+    def shape_counts(self, multiple: int = 1) -> np.ndarray:
+        """How many of the epoch's batches have each distinct padded shape (pairs, longest source, longest target),
+        the lengths rounded up to `multiple` as the collator pads them (`pad_to_multiple_of`)."""
+        if multiple not in self._shape_counts:
+            sources, targets = (-(-lengths // multiple) * multiple for lengths in self._longest)
+            shapes = np.stack([self.ends - self.starts, sources, targets], axis=1)
+            self._shape_counts[multiple] = np.unique(shapes, axis=0, return_counts=True)[1]
+        return self._shape_counts[multiple]
+
+    def shapes_met(self, batches: int, multiple: int = 1) -> float:
+        """The expected number of distinct batch shapes among the first `batches` batches served (every shape from
+        the first whole epoch on): a shape held by c of the epoch's M batches is missed by n of them, drawn in
+        random order, with probability about (1 - n / M)^c."""
+        counts = self.shape_counts(multiple)
+        total = int(counts.sum())
+        if batches >= total:
+            return float(len(counts))
+        return float(np.sum(1.0 - (1.0 - max(0, batches) / total) ** counts))
+
     def tokens_per_batch(self) -> float:
         """Mean padded source + target tokens per batch."""
         return float(self._padded.sum() / len(self.starts))
@@ -261,3 +282,22 @@ def accumulation_steps(tokens_per_update: int | None, max_tokens: int, num_proce
     if tokens_per_update < 1:
         raise ValueError(f"tokens_per_update={tokens_per_update} is invalid; expected a positive number.")
     return max(1, math.ceil(tokens_per_update / (max_tokens * num_processes)))
+
+
+def inference_batches(
+    lengths: Sequence[int], max_tokens: int | None = None, max_sentences: int | None = None
+) -> list[list[int]]:
+    """The indices of sentences of `lengths` tokens in batches to translate: longest first (little padding), each
+    batch of at most `max_sentences` sentences whose padded tokens (its longest times its count) stay within
+    `max_tokens` (a longer sentence alone)."""
+    batches, current, longest = [], [], 0
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        longest = max(longest, lengths[index]) if current else lengths[index]
+        full = (max_tokens is not None and longest * (len(current) + 1) > max_tokens) or (
+            max_sentences is not None and len(current) >= max_sentences
+        )
+        if current and full:
+            batches.append(current)
+            current, longest = [], lengths[index]
+        current.append(index)
+    return [*batches, current] if current else batches

@@ -10,6 +10,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.generation import CompileConfig
 
+from ..data.batching import inference_batches
 from .metrics import compute_bleu
 
 
@@ -39,12 +40,20 @@ def load_translator(model: str | Path, device: str | torch.device = "cpu"):
 
 
 # Sentences after which a compiled decoding step (static cache + torch.compile) has paid for its compilation, per
-# device kind; a kind not listed stays eager under compile="auto". On a 2-core AVX2 CPU the compiled step decodes
-# 5-12% faster on batches of one shape (`scripts/benchmark.py`), but on a real test split in batches by length it is
-# slower even once compiled: 15.7 against 26.9 sentences/s with beam 4 (`scripts/deploy_benchmark.py`, docs/deploy.md;
-# every batch brings another source length and static cache size, and the compiled step attends over the whole static
-# cache). So it never pays on a CPU; not measured on a GPU yet. Add a kind here with its measured break-even.
-COMPILE_PAYS_AFTER_SENTENCES: dict[str, int] = {}
+# device kind; a kind not listed stays eager under compile="auto".
+# - CPU: never. On a 2-core AVX2 CPU the compiled step decodes 5-12% faster on batches of one shape
+#   (`scripts/benchmark.py`), but on a real test split in batches by length it is slower even once compiled: 15.7
+#   against 26.9 sentences/s with beam 4 (`scripts/deploy_benchmark.py`, docs/deploy.md; the compiled step attends
+#   over the whole static cache, and every batch brings other shapes).
+# - CUDA: an estimate, not yet measured on a real test split: on an H200 the compiled greedy step (CUDA graphs) of
+#   the base model took 0.067 s against 0.146 s eager for 8 sentences of 32 tokens, 9.9 ms saved a sentence; a
+#   compile of about 30 s (the CPU's took 3-34 s) and a graph per batch shape (bounded by `SHAPE_STEP`) pay for
+#   themselves after about 4,000 sentences. `scripts/benchmark.py --device cuda` measures the break-even.
+COMPILE_PAYS_AFTER_SENTENCES: dict[str, int] = {"cuda": 4000}
+# Compiled, the batches' source lengths and decoding lengths are rounded up to a multiple of this: every new shape
+# is another graph (and on CUDA another graph capture), and the rounding changes no token (padding is masked, and
+# each sentence still stops at its own input length + 50).
+SHAPE_STEP = 16
 COMPILE_CHOICES = ("auto", "always", "never")
 RECOMPILE_LIMIT = 64
 
@@ -108,31 +117,35 @@ def translate(
             raise TypeError(f"translate() takes a list of strings; got a {type(sentence).__name__}: {sentence!r:.80}.")
     model.eval()
     texts = [i for i, sentence in enumerate(sentences) if sentence.strip()]  # the sentences to translate
-    encoded = dict(zip(texts, tokenizer([sentences[i] for i in texts])["input_ids"], strict=True)) if texts else {}
-    order = sorted(texts, key=lambda i: -len(encoded[i]))
-    batches, current, longest = [], [], 0
-    for index in order:
-        longest = max(longest, len(encoded[index])) if current else len(encoded[index])
-        if current and (longest * (len(current) + 1) > max_tokens or len(current) >= max_sentences):
-            batches.append(current)
-            current, longest = [], len(encoded[index])
-        current.append(index)
-    if current:
-        batches.append(current)
-
+    encoded = tokenizer([sentences[i] for i in texts])["input_ids"] if texts else []
     outputs: list[str] = [""] * len(sentences)
     device = next(model.parameters()).device
+    compiled = compile_pays(compile, device, len(texts))
     bar = tqdm(total=len(sentences), desc="translating", unit="sent", disable=not progress)
     bar.update(len(sentences) - len(texts))
-    with compiled_decoding(device) if compile_pays(compile, device, len(texts)) else nullcontext({}) as extra:
-        for batch in batches:
-            features = tokenizer.pad({"input_ids": [encoded[i] for i in batch]}, return_tensors="pt").to(device)
-            generated = model.generate(**features, **extra, **generate_kwargs)
+    with compiled_decoding(device) if compiled else nullcontext({}) as extra:
+        for batch in inference_batches([len(ids) for ids in encoded], max_tokens, max_sentences):
+            step = SHAPE_STEP if compiled else 1
+            features, lengths = batch_features(model, tokenizer, [encoded[i] for i in batch], step, generate_kwargs)
+            generated = model.generate(**features.to(device), **extra, **lengths, **generate_kwargs)
             for index, text in zip(batch, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
-                outputs[index] = text.strip()
+                outputs[texts[index]] = text.strip()
             bar.update(len(batch))
     bar.close()
     return outputs
+
+
+def batch_features(model, tokenizer, ids: list[list[int]], step: int, generate_kwargs: dict) -> tuple[dict, dict]:
+    """(the padded batch of `ids`, the decoding length to pass `generate()`) with the source and decoding lengths
+    rounded up to a multiple of `step` (a compiled step meets fewer shapes; 1: as they are). The decoding length
+    is set only where the call gives none and the model stops each sentence at its input length + N (§6.1), to
+    the longest sentence's limit, rounded: a cap above every sentence's own, which changes no token."""
+    features = tokenizer.pad({"input_ids": ids}, return_tensors="pt", pad_to_multiple_of=step if step > 1 else None)
+    relative = generate_kwargs.get("relative_max_length", getattr(model.generation_config, "relative_max_length", None))
+    capped = any(generate_kwargs.get(name) is not None for name in ("max_new_tokens", "max_length"))
+    if step == 1 or relative is None or capped or model.generation_config.max_length is not None:
+        return features, {}
+    return features, {"max_new_tokens": -(-(max(map(len, ids)) + relative) // step) * step}
 
 
 def evaluate_translations(

@@ -1,9 +1,13 @@
 """Input checks of the Vanilla Transformer, and where they step aside.
 
 Every check names the received value and what was expected. The checks read tensor values on the host, so under
-`torch.compile` (`_eager()` is False) they step aside: `generate()` checks its inputs once per call, outside the
-compiled decoding step. Imported relatively by the modeling file, and copied beside it by `save_pretrained`.
+`torch.compile` and inside `without_host_reads()` (`_eager()` is False) they step aside: `generate()` checks its
+inputs once per call, outside the compiled decoding step. Imported relatively by the modeling file, and copied beside
+it by `save_pretrained`.
 """
+
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 from transformers.modeling_outputs import BaseModelOutput
@@ -12,11 +16,28 @@ from transformers.utils import ModelOutput
 from .cache_vanilla_transformer import is_first_pass
 
 
+_HOST_READS = ContextVar("host_reads", default=True)
+
+
+@contextmanager
+def without_host_reads():
+    """Within the block the model reads no tensor value on the host, as under `torch.compile`: the input checks and
+    the padding skip step aside and the dense computation gives the same outputs. On a GPU each such read waits for
+    every queued kernel (a synchronisation), and the queue then runs dry while the host catches up: training on CUDA
+    runs inside this block (data from the package's own tokenizer needs no check)."""
+    token = _HOST_READS.set(False)
+    try:
+        yield
+    finally:
+        _HOST_READS.reset(token)
+
+
 def _eager() -> bool:
-    """False while `torch.compile` traces the model. The input checks and the padding skip read tensor values on the
-    host, which a compiled graph cannot do without breaking; there they step aside: the dense computation gives the
-    same outputs, and `generate()` checks its inputs once per call, outside the compiled decoding step."""
-    return not torch.compiler.is_compiling()
+    """False while `torch.compile` traces the model, and inside `without_host_reads()`. The input checks and the
+    padding skip read tensor values on the host, which a compiled graph cannot do without breaking; there they step
+    aside: the dense computation gives the same outputs, and `generate()` checks its inputs once per call, outside the
+    compiled decoding step."""
+    return not torch.compiler.is_compiling() and _HOST_READS.get()
 
 
 def _check_ids(name: str, ids: torch.Tensor, vocab_size: int, allow: tuple[int, ...] = ()) -> None:

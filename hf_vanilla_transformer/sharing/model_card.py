@@ -49,8 +49,23 @@ def render_model_card(results: dict, repo_id: str | None = None, plots: list[str
         **_model_values(results),
         **_training_values(results),
         **_usage_values(results, repo_id, plots),
+        "warning": _warning(results),
     }
     return TEMPLATE.read_text(encoding="utf-8").format(**values)
+
+
+def _warning(results: dict) -> str:
+    """A warning at the top of the card where the run's model stopped using its source (training/collapse.py)."""
+    check = results.get("source_check") or {}
+    collapsed = next((e for e in check.get("history", []) if e["step"] == check.get("collapsed_at")), None)
+    if collapsed is None:
+        return ""
+    return (
+        f"\n> **Warning: this model does not use its source.** At update {collapsed['step']:,} its validation loss was "
+        f"{collapsed['loss']:.3f} with the real sources and {collapsed['loss_shuffled_sources']:.3f} with them "
+        f"shuffled (a gain of {collapsed['source_gain']:.3f} nats per token, below {check['gain_at_least']}): it "
+        "translates every sentence alike. Train it again with a lower peak learning rate or a longer warmup.\n"
+    )
 
 
 def _data_values(results: dict) -> dict:

@@ -27,8 +27,9 @@ class ModelDataArguments:
         default=None,
         metadata={
             "help": "With --max_minutes: comma-separated presets to choose from by measured speed, largest first (e.g. "
-            "small,compact): the first that reaches --min_updates updates in the budget (at one of "
-            "--max_tokens_choices), else the last."
+            "big,base,small): the first that reaches --min_updates updates in the budget (at one of "
+            "--max_tokens_choices), else the last. Given on the command line, its first is the preset; a recipe "
+            "file's list gives way to a --preset of the command line."
         },
     )
     config_overrides: str | None = field(
@@ -140,17 +141,45 @@ class ModelDataArguments:
             "is measured to fit it, unless --max_steps is given."
         },
     )
+    compile_training: str = field(
+        default="auto",
+        metadata={
+            "help": "Compile the training step with torch.compile: always, never, or auto (measured against eager on a "
+            "CUDA device where the run trains for an hour or more, or for a given number of updates; eager on a "
+            "CPU, where it measured slower). --torch_compile true is always.",
+            "choices": ["auto", "always", "never"],
+        },
+    )
     precision: str | None = field(
         default=None,
         metadata={
-            "help": "bf16 or fp32 (default: --bf16); auto: bf16 autocast where it measures faster (CPUs with bf16 "
-            "matrix units only), else fp32. An explicit --bf16 overrides auto.",
-            "choices": ["auto", "bf16", "fp32"],
+            "help": "fp32, bf16 (autocast), and on CUDA also fp16 (autocast, loss scale) or tf32 (fp32 with TensorFloat-32 "
+            "matrix products) (default: --bf16 / --fp16); auto: the fastest measured on this machine (on a CPU, bf16 "
+            "only where it has bf16 matrix units). An explicit --bf16 overrides auto.",
+            "choices": ["auto", "bf16", "fp16", "tf32", "fp32"],
         },
     )
     peak_learning_rate: float | None = field(
         default=None,
-        metadata={"help": "Scale the §5.3 schedule so that it peaks at this rate (sets lr_scale from the warmup)."},
+        metadata={
+            "help": "Scale the §5.3 schedule so that the model of --peak_learning_rate_preset peaks at this rate (sets "
+            "lr_scale from it and the warmup); any other size gets the same schedule, scaled by its d_model^-0.5."
+        },
+    )
+    peak_learning_rate_preset: str | None = field(
+        default=None,
+        metadata={
+            "help": "The model size --peak_learning_rate was set for (default: --preset; a recipe file's peak belongs "
+            "to the recipe's own preset)."
+        },
+    )
+    lr_reference_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "The source tokens per update at which the rate (--lr_scale or --peak_learning_rate) holds: an "
+            "update of another size scales the peak by the square root of its tokens over this (default: no "
+            "scaling)."
+        },
     )
     checkpoints_per_run: int | None = field(
         default=None,
@@ -178,6 +207,15 @@ class ModelDataArguments:
     average_window: float = field(
         default=AVERAGE_WINDOW,
         metadata={"help": "Average only checkpoints from this last fraction of the run (the last one always)."},
+    )
+    source_check: str = field(
+        default="stop",
+        metadata={
+            "help": "At each validation after warmup, compare the loss with the sources shuffled within each batch "
+            "against the real one: a model whose translations do not depend on its source has collapsed. stop: "
+            "end training there and fail the run; warn: say so and go on; off: do not measure.",
+            "choices": ["stop", "warn", "off"],
+        },
     )
     scale_vocab_to_corpus: bool = field(
         default=False,
@@ -266,42 +304,83 @@ def parse_config_overrides(text: str | None) -> dict:
 
 
 def token_choices(recipe) -> list[int]:
-    """The batch sizes (max_tokens) the planner may choose from, largest first."""
-    if not recipe.max_tokens_choices:
-        return [recipe.max_tokens]
+    """The batch sizes (max_tokens) the planner may choose from, largest first: `max_tokens_choices` where given
+    (the command line's `max_tokens` is then their first: `settle_choices`), else `max_tokens`."""
+    return _token_list(recipe.max_tokens_choices) if recipe.max_tokens_choices else [recipe.max_tokens]
+
+
+def _token_list(text: str) -> list[int]:
     try:
-        choices = sorted({int(value) for value in recipe.max_tokens_choices.split(",")}, reverse=True)
+        choices = sorted({int(value) for value in text.split(",")}, reverse=True)
     except ValueError:
         choices = []
     if not choices or min(choices) < 1:
-        raise ValueError(
-            f"max_tokens_choices={recipe.max_tokens_choices!r} is invalid; expected positive token counts such as "
-            "'2048,1024'."
-        )
+        raise ValueError(f"max_tokens_choices={text!r} is invalid; expected positive token counts such as '2048,1024'.")
     return choices
 
 
 def preset_choices(recipe) -> list[str]:
-    """The model sizes the planner may choose from, largest first: `preset_choices` where the run's preset is their
-    first (the recipe's own), else the run's preset alone (`--preset tiny` over the CPU recipe trains tiny)."""
-    if not recipe.preset_choices:
-        return [recipe.preset]
-    choices = [name.strip() for name in recipe.preset_choices.split(",") if name.strip()]
+    """The model sizes the planner may choose from, largest first: `preset_choices` where given (the command line's
+    `preset` is then their first: `settle_choices`), else `preset`."""
+    return _preset_list(recipe.preset_choices) if recipe.preset_choices else [recipe.preset]
+
+
+def _preset_list(text: str) -> list[str]:
+    choices = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in choices if name not in PRESETS]
     if not choices or unknown:
         raise ValueError(
-            f"preset_choices={recipe.preset_choices!r} is invalid; expected presets from {sorted(PRESETS)} "
-            "separated by commas, largest first, such as 'small,compact'."
+            f"preset_choices={text!r} is invalid; expected presets from {sorted(PRESETS)} separated by commas, "
+            "largest first, such as 'small,compact'."
         )
-    return choices if choices[0] == recipe.preset else [recipe.preset]
+    return choices
+
+
+def budgeted(recipe, args) -> bool:
+    """Whether the run's length is measured to fit a time budget (max_minutes without max_steps)."""
+    return recipe.max_minutes is not None and args.max_steps <= 0
+
+
+CHOICE_LISTS = {"preset_choices": "preset", "max_tokens_choices": "max_tokens"}
+
+
+def settle_choices(recipe: ModelDataArguments, args: TransformerTrainingArguments, given: set[str]) -> None:
+    """The lists of choices as the run can honour them, `given` naming the flags of the command line.
+
+    A list given on the command line sets the value it starts from (`--preset_choices base,small` trains base or
+    small, whatever the recipe's preset); a recipe file's list gives way to a value given instead (`--preset tiny`
+    over the CPU recipe trains tiny) and to a run with nothing to choose by (a given length; a saved model). A list
+    given that the run cannot honour is an error naming it, never dropped."""
+    for name, value_name in CHOICE_LISTS.items():
+        choices = getattr(recipe, name)
+        if not choices:
+            continue
+        first = _preset_list(choices)[0] if name == "preset_choices" else _token_list(choices)[0]
+        if name in given:
+            if value_name in given and getattr(recipe, value_name) != first:
+                raise ValueError(
+                    f"--{value_name} {getattr(recipe, value_name)} and --{name} {choices} disagree: the planner starts "
+                    "from the first choice; give one or the other."
+                )
+            setattr(recipe, value_name, first)  # the checks of check_run_arguments name what cannot be honoured
+        elif (
+            (value_name in given and getattr(recipe, value_name) != first)
+            or not budgeted(recipe, args)
+            or (name == "preset_choices" and recipe.model_name_or_path)
+        ):
+            setattr(recipe, name, None)
 
 
 def check_run_arguments(recipe: ModelDataArguments, args: TransformerTrainingArguments) -> None:
     """Every check of the two argument dataclasses, before any corpus or model work: a ValueError names the value."""
     check_recipe_arguments(recipe)
     check_schedule_arguments(args)
-    budgeted = recipe.max_minutes is not None and args.max_steps <= 0
-    if budgeted and recipe.preset_choices and recipe.model_name_or_path:
+    for name in ("preset_choices", "max_tokens_choices"):
+        if getattr(recipe, name) and not budgeted(recipe, args):
+            raise ValueError(
+                f"{name}={getattr(recipe, name)!r} needs a time budget to choose by (max_minutes, without max_steps)."
+            )
+    if recipe.preset_choices and recipe.model_name_or_path:
         raise ValueError(
             f"preset_choices={recipe.preset_choices!r} cannot apply to the saved model {recipe.model_name_or_path!r}; "
             "give one or the other."
@@ -331,6 +410,13 @@ def check_recipe_arguments(recipe: ModelDataArguments) -> None:
         raise ValueError(f"max_minutes={recipe.max_minutes:g} is invalid; expected a positive number of minutes.")
     if recipe.peak_learning_rate is not None and recipe.peak_learning_rate <= 0:
         raise ValueError(f"peak_learning_rate={recipe.peak_learning_rate} is invalid; expected a positive rate.")
+    if recipe.peak_learning_rate_preset is not None and recipe.peak_learning_rate_preset not in PRESETS:
+        raise ValueError(
+            f"peak_learning_rate_preset={recipe.peak_learning_rate_preset!r} is invalid; expected one of "
+            f"{sorted(PRESETS)}."
+        )
+    if recipe.lr_reference_tokens is not None and recipe.lr_reference_tokens < 1:
+        raise ValueError(f"lr_reference_tokens={recipe.lr_reference_tokens} is invalid; expected a positive count.")
     for name in ("checkpoints_per_run", "evaluations_per_run"):
         value = getattr(recipe, name)
         if value is not None and value < 1:

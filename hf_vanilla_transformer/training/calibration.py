@@ -1,12 +1,26 @@
 """Measuring, before training, what a run will cost on this machine: the time of an update (forward, backward, Adam)
-for each precision, attention implementation and batch size the recipe leaves open, and the time of a checkpoint.
+for each precision, attention implementation, compilation and batch size the recipe leaves open, and the time of a
+checkpoint.
 
-Every measurement runs on copies of the model, which is left untouched, as is the global random state: the run
-itself is exactly the one `--max_steps N` would give with the same N. `planning.py` turns the figures into a plan.
+The clock is read the way the Trainer pays:
+
+1. before every clock read the device's queued work is waited for (`device.synchronizer`): CUDA runs kernels
+   asynchronously, and a clock around unsynchronised work reads the time it took to queue them;
+2. each candidate first runs an update on a batch of a shape no sampled batch has (first allocations, library
+   handles), untimed;
+3. each sampled batch, a spread of the run's real batches, is timed twice in a row: its first update pays what a new
+   batch shape costs (cuDNN plans, a compiled graph, memory not yet held), its second does not. An update of a known
+   shape takes the mean of the second ones (`Timing.steady`); a new shape adds the median of the differences
+   (`per_shape`), and what the first updates cost beyond that is paid once (`once`: a compilation's first graphs).
+
+`planning.py` counts the shapes a run meets from its own batches, so the figures predict the Trainer's time. Every
+measurement runs on copies of the model, which is left untouched where it is, as is the global random state: the run
+itself is exactly the one `--max_steps N` would give with the same N.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -17,31 +31,84 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
+from transformers.utils import is_flash_attn_2_available
 
-from ..utils.machine import cpu_has_fast_bf16
+from .device import check_precision, device_precisions, forward_context, synchronizer, tf32_matmuls, training_device
+
+
+# A compiled training step is measured only where the run has this many minutes of training or more (or a given
+# length): compiling the run's batch shapes costs minutes on a GPU, and the CPU's was measured slower than eager
+# (docs/speed.md).
+COMPILE_AFTER_MINUTES = 60
+SAMPLE_BATCHES = 8  # real batches timed per candidate, each twice
+MAX_CROSSED = 4  # at most this many (precision, attention) pairs are measured crossed; more go in two stages
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of an update: of a batch shape met before (`steady`), the extra of each new shape (`per_shape`), and
+    what the first updates cost once beyond that (`once`)."""
+
+    steady: float
+    per_shape: float = 0.0
+    once: float = 0.0
+
+    def scaled(self, factor: float) -> Timing:
+        """The update of `factor` batches (accumulation): steady and per-shape costs times `factor`."""
+        return Timing(self.steady * factor, self.per_shape, self.once)
+
+
+Candidate = tuple[str, str | None, bool]  # (precision, attention implementation, compiled)
+
+
+def candidate_key(precision: str, attention: str | None, compiled: bool = False) -> str:
+    return f"{precision}/{attention or 'default'}" + ("/compiled" if compiled else "")
 
 
 @dataclass
 class Measurement:
-    """What calibration found for one model: the fastest precision and attention, the seconds of a batch at each
-    batch size (max_tokens), every figure measured ("fp32/sdpa@2048" -> seconds) and the reasons in words."""
+    """What calibration found for one model: the fastest precision, attention and compilation, the timing of a batch
+    at each batch size (max_tokens), every update time measured ("fp32/sdpa@2048" -> steady seconds), and the
+    reasons in words."""
 
     precision: str
     attention: str | None
-    per_size: dict[int, float] = field(default_factory=dict)
+    compiled: bool = False
+    per_size: dict[int, Timing] = field(default_factory=dict)
     measured: dict[str, float] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
 
+    @property
+    def fixed(self) -> Candidate:
+        return (self.precision, self.attention, self.compiled)
 
-def open_choices(recipe, args) -> tuple[list[str], list[str | None]]:
-    """The precisions and attention implementations to measure (one each where the recipe fixed them)."""
+
+def open_choices(recipe, args, device: torch.device) -> tuple[list[str], list[str | None], list[bool]]:
+    """The precisions, attention implementations and compilations to measure on `device` (one each where the recipe
+    fixed them)."""
     if recipe.precision == "auto":
-        on_cpu = args.use_cpu or not torch.cuda.is_available()
-        precisions = ["fp32", "bf16"] if (cpu_has_fast_bf16() or not on_cpu) else ["fp32"]
+        precisions = device_precisions(device)
     else:
-        precisions = [recipe.precision or ("bf16" if args.bf16 else "fp32")]
-    attentions = ["eager", "sdpa"] if recipe.attn_implementation == "auto" else [recipe.attn_implementation]
-    return precisions, attentions
+        precisions = [recipe.precision or ("bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")]
+        check_precision(precisions[0], device)
+    if recipe.attn_implementation == "auto":
+        attentions = ["eager", "sdpa"]
+        if device.type == "cuda":
+            attentions += ["flex_attention", *(["flash_attention_2"] if is_flash_attn_2_available() else [])]
+    else:
+        attentions = [recipe.attn_implementation]
+    return precisions, attentions, compile_choices(recipe, args, device)
+
+
+def compile_choices(recipe, args, device: torch.device) -> list[bool]:
+    """Whether the training step is compiled (`compile_training`; `--torch_compile true` is "always"): "auto"
+    measures both on a CUDA device where the run trains for at least `COMPILE_AFTER_MINUTES` (or has a given
+    length), else stays eager."""
+    choice = "always" if args.torch_compile else recipe.compile_training
+    if choice != "auto":
+        return [choice == "always"]
+    long_enough = recipe.max_minutes is None or args.max_steps > 0 or recipe.max_minutes >= COMPILE_AFTER_MINUTES
+    return [False, True] if device.type == "cuda" and long_enough else [False]
 
 
 def measure_choices(
@@ -51,92 +118,163 @@ def measure_choices(
     sample_batches: Callable[[int], list[dict]],
     sizes: list[int],
     measure_all: bool,
-    fixed: tuple[str, str | None] | None = None,
+    fixed: Candidate | None = None,
+    rank: Callable[[Timing, int], float] | None = None,
 ) -> Measurement:
-    """Every precision and attention the recipe leaves open (the pair `fixed` where given) measured on real batches
-    of the largest size `sizes[0]` (`sample_batches(max_tokens)`, on copies of `model`), then the fastest at the other
-    sizes; nothing is measured where nothing is open and no budget asks for a time (`measure_all` False)."""
-    precisions, attentions = ([fixed[0]], [fixed[1]]) if fixed else open_choices(recipe, args)
-    if not measure_all and len(precisions) * len(attentions) == 1:
-        return Measurement(precisions[0], attentions[0])
-    device = torch.device("cuda") if torch.cuda.is_available() and not args.use_cpu else torch.device("cpu")
-    model = model.to(device)
+    """Every precision, attention and compilation the recipe leaves open (the candidate `fixed` where given)
+    measured on real batches of the largest size `sizes[0]` (`sample_batches(max_tokens)`, on copies of `model`),
+    then the chosen one at the other sizes; nothing is measured where nothing is open and no budget asks for a time
+    (`measure_all` False). `rank(timing, max_tokens)` orders the candidates, lowest first (default: the steady
+    time; a budget ranks by the updates each fits, new shapes paid)."""
+    device = training_device(args)
+    if fixed is not None:
+        precisions, attentions, compiles = [fixed[0]], [fixed[1]], [fixed[2]]
+    else:
+        precisions, attentions, compiles = open_choices(recipe, args, device)
+    if not measure_all and len(precisions) * len(attentions) * len(compiles) == 1:
+        return Measurement(precisions[0], attentions[0], compiles[0])
+    rank = rank or (lambda timing, size: timing.steady)
+    optimizer = trainer_optimizer(args)
 
-    def measure(max_tokens: int, pairs: list[tuple[str, str | None]]) -> dict[str, float]:
-        batches = [{k: v.to(device) for k, v in batch.items()} for batch in sample_batches(max_tokens)]
-        return measure_updates(model, batches, pairs, optimizer=trainer_optimizer(args))
+    def measure(size: int, candidates: list[Candidate]) -> dict[str, Timing]:
+        batches = [{k: v.to(device) for k, v in batch.items()} for batch in sample_batches(size)]
+        mode = getattr(args, "torch_compile_mode", None)
+        return measure_updates(model, batches, candidates, optimizer=optimizer, device=device, compile_mode=mode)
 
-    pairs = [(p, a) for p in precisions for a in attentions]
-    first = measure(sizes[0], pairs)
-    (precision, attention), fastest = min(((c, first[_key(*c)]) for c in pairs), key=lambda item: item[1])
-    key = _key(precision, attention)
-    measurement = Measurement(precision, attention, per_size={sizes[0]: fastest})
-    measurement.reasons = _choice_reasons(recipe, precisions, attentions, first, precision, attention)
-    for size in sizes[1:]:
-        measurement.per_size[size] = measure(size, [(precision, attention)])[key]
-    measurement.measured = {f"{name}@{sizes[0]}": value for name, value in first.items()}
-    measurement.measured.update({f"{key}@{size}": measurement.per_size[size] for size in sizes[1:]})
+    timings: dict[str, Timing] = {}
+
+    def best(candidates: list[Candidate]) -> Candidate:
+        missing = [c for c in candidates if candidate_key(*c) not in timings]
+        if missing and (len(candidates) > 1 or measure_all):
+            timings.update(measure(sizes[0], missing))
+        if len(candidates) == 1:
+            return candidates[0]
+        return min(candidates, key=lambda c: rank(timings[candidate_key(*c)], sizes[0]))
+
+    # 1. Precision and attention: crossed where few, else the precision first (with sdpa) and then the attention.
+    if len(precisions) * len(attentions) <= MAX_CROSSED:
+        precision, attention, _ = best([(p, a, compiles[0]) for p in precisions for a in attentions])
+    else:
+        preferred = "sdpa" if "sdpa" in attentions else attentions[0]
+        precision = best([(p, preferred, compiles[0]) for p in precisions])[0]
+        attention = best([(precision, a, compiles[0]) for a in attentions])[1]
+    # 2. Compilation, for the chosen precision and attention.
+    compiled = best([(precision, attention, c) for c in compiles])[2]
+    chosen = (precision, attention, compiled)
+    key = candidate_key(*chosen)
+    measurement = Measurement(precision, attention, compiled)
+    measurement.reasons = _choice_reasons(recipe, device, precisions, attentions, compiles, timings, chosen)
+    measurement.measured = {f"{name}@{sizes[0]}": timing.steady for name, timing in timings.items()}
+    if key in timings:
+        measurement.per_size[sizes[0]] = timings[key]
+    for size in sizes[1:] if measure_all else []:
+        measurement.per_size[size] = measure(size, [chosen])[key]
+        measurement.measured[f"{key}@{size}"] = measurement.per_size[size].steady
     return measurement
-
-
-def _key(precision: str, attention: str | None) -> str:
-    return f"{precision}/{attention or 'default'}"
-
-
-def calibration_batches(batches: list[list[int]], count: int) -> list[list[int]]:
-    """`count` batches spread evenly over the sizes of `batches` (sorted by their number of pairs times their
-    order): a sample whose mean update time is close to the epoch's, whatever the length distribution."""
-    if len(batches) <= count:
-        return list(batches)
-    ranked = sorted(batches, key=len)
-    return [ranked[round(i * (len(ranked) - 1) / (count - 1))] for i in range(count)] if count > 1 else ranked[:1]
 
 
 def measure_updates(
     model: torch.nn.Module,
     batches: Iterable[dict],
-    candidates: list[tuple[str, str | None]],
+    candidates: list[Candidate],
     optimizer: Callable | None = None,
-    warmup: int = 2,
+    device: torch.device | str | None = None,
     rounds: int = 2,
-) -> dict[str, float]:
-    """Mean seconds of an update (forward, backward, optimizer step) for each (precision, attention) candidate,
-    measured on copies of `model`, which is left untouched, as is the global random state. `optimizer(parameters)`
-    builds the optimizer the Trainer will use (`trainer_optimizer`; default: its default, fused AdamW). The
-    candidates take turns over `rounds` rounds so that a change in the machine's load falls on all of them alike."""
+    clock: Callable[[], float] = time.perf_counter,
+    synchronize: Callable[[], None] | None = None,
+    compile_mode: str | None = None,
+) -> dict[str, Timing]:
+    """The `Timing` of an update (forward, backward, optimizer step) for each (precision, attention, compiled)
+    candidate, measured on copies of `model` on `device` (default: the model's), which is left untouched where it
+    is, as is the global random state; each sampled batch timed twice in a row (see the module docstring).
+    `optimizer(parameters)` builds the optimizer the Trainer will use (`trainer_optimizer`; default: its default,
+    fused AdamW). On a CPU the copies take turns over `rounds` rounds, so that a change in the machine's load falls
+    on all of them alike; on a GPU they run one after another, one copy in memory at a time. `clock` and
+    `synchronize` (default: the device's) are what the timing reads."""
     batches = list(batches)
-    optimizer = optimizer or trainer_optimizer(None)
-    copies = {}
-    for precision, attention in candidates:
-        clone = copy.deepcopy(model).train()
-        if attention:
-            clone.set_attn_implementation(attention)
-        copies[(precision, attention)] = (clone, optimizer(clone.parameters()))
-    times: dict[tuple[str, str | None], list[float]] = {key: [] for key in copies}
-    with torch.random.fork_rng(devices=[]):
-        for key, (clone, optimizer) in copies.items():  # the first updates of each copy allocate; not timed
-            for batch in batches[:warmup]:
-                _update(clone, optimizer, batch, key[0])
-        per_round = max(1, math.ceil(len(batches) / rounds))
-        for start in range(0, len(batches), per_round):
-            for key, (clone, optimizer) in copies.items():
-                for batch in batches[start : start + per_round]:
-                    began = time.perf_counter()
-                    _update(clone, optimizer, batch, key[0])
-                    times[key].append(time.perf_counter() - began)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    synchronize = synchronize or synchronizer(device)
+    make_optimizer = optimizer or trainer_optimizer(None)
+    first = _unsampled_shape(batches[0])
+    colds: dict[str, list[float]] = {candidate_key(*c): [] for c in candidates}
+    warms: dict[str, list[float]] = {candidate_key(*c): [] for c in candidates}
+
+    def time_twice(copy_: _Copy, batch: dict) -> None:
+        marks = []
+        for _ in range(3):
+            synchronize()
+            marks.append(clock())
+            if len(marks) < 3:
+                copy_.update(batch)
+        colds[copy_.key].append(marks[1] - marks[0])
+        warms[copy_.key].append(marks[2] - marks[1])
+
+    devices = (
+        [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    )
+    with torch.random.fork_rng(devices=devices):
+        if device.type == "cpu":
+            copies = [_Copy(model, c, device, make_optimizer, compile_mode) for c in candidates]
+            for copy_ in copies:
+                copy_.update(first)
+            per_round = max(1, math.ceil(len(batches) / rounds))
+            for start in range(0, len(batches), per_round):
+                for copy_ in copies:
+                    for batch in batches[start : start + per_round]:
+                        time_twice(copy_, batch)
+        else:
+            for candidate in candidates:
+                copy_ = _Copy(model, candidate, device, make_optimizer, compile_mode)
+                copy_.update(first)
+                for batch in batches:
+                    time_twice(copy_, batch)
+                del copy_
+                torch.cuda.empty_cache()
+    return {key: _timing(colds[key], warms[key]) for key in colds}
+
+
+def _timing(colds: list[float], warms: list[float]) -> Timing:
+    """The Timing of the sampled batches' first (`colds`) and second (`warms`) updates."""
+    extras = [max(0.0, cold - warm) for cold, warm in zip(colds, warms, strict=True)]
+    per_shape = statistics.median(extras)
+    return Timing(statistics.fmean(warms), per_shape, max(0.0, sum(extras) - per_shape * len(extras)))
+
+
+def _unsampled_shape(batch: dict) -> dict:
+    """A batch of one row of `batch`, one token shorter where it can be: a shape no sampled batch has, to warm up
+    on."""
     return {
-        _key(precision, attention): statistics.fmean(times[(precision, attention)])
-        for precision, attention in candidates
+        key: value[:1, : max(1, value.shape[1] - 1)] if value.dim() > 1 else value[:1] for key, value in batch.items()
     }
 
 
-def _update(model, optimizer, batch: dict, precision: str) -> None:
-    device_type = next(model.parameters()).device.type
-    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-        loss = model(**batch).loss
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+class _Copy:
+    """A copy of the model on `device` for one candidate, with its own optimizer (and loss scale for fp16)."""
+
+    def __init__(self, model, candidate: Candidate, device: torch.device, make_optimizer, compile_mode):
+        self.precision, attention, compiled = candidate
+        self.key = candidate_key(*candidate)
+        self.device = device
+        self.model = copy.deepcopy(model).to(device).train()
+        if attention:
+            self.model.set_attn_implementation(attention)
+        self.optimizer = make_optimizer(self.model.parameters())
+        self.forward = torch.compile(self.model, mode=compile_mode) if compiled else self.model
+        self.scaler = torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
+
+    def update(self, batch: dict) -> None:
+        cuda = self.device.type == "cuda"
+        with tf32_matmuls(self.precision == "tf32") if cuda else contextlib.nullcontext():
+            with forward_context(self.device, self.precision):
+                loss = self.forward(**batch).loss
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                loss.backward()
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
 
 
 def trainer_optimizer(args) -> Callable:
@@ -161,25 +299,46 @@ def measure_checkpoint_seconds(model: torch.nn.Module) -> float:
         return time.perf_counter() - began
 
 
-def _choice_reasons(recipe, precisions, attentions, measured, precision, attention) -> list[str]:
-    def seconds(p, a):
-        return measured[_key(p, a)]
+def _choice_reasons(recipe, device, precisions, attentions, compiles, timings, chosen: Candidate) -> list[str]:
+    """The choices in words: each open one with its time against the others measured."""
+    precision, attention, compiled = chosen
+
+    def against(name: str, others: list[Candidate], label: Callable[[Candidate], str]) -> str:
+        mine = timings[candidate_key(*chosen)]
+        rest = [c for c in others if c != chosen and candidate_key(*c) in timings]
+        text = f"{name}: {_seconds(mine)} per update against " + ", ".join(
+            f"{_seconds(timings[candidate_key(*c)])} {label(c)}" for c in rest
+        )
+        return text
 
     reasons = []
-    if recipe.precision == "auto" and len(precisions) == 1:
+    if recipe.precision == "auto" and len(precisions) == 1 and device.type == "cpu":
         reasons.append("fp32: no bf16 matrix units in this CPU (AMX or AVX512-BF16)")
     elif len(precisions) > 1:
-        other = next(p for p in precisions if p != precision)
-        reasons.append(
-            f"{precision}: {seconds(precision, attention):.2f} s per update against "
-            f"{seconds(other, attention):.2f} s in {other}"
-        )
+        reasons.append(against(precision, [(p, attention, compiled) for p in precisions], lambda c: f"in {c[0]}"))
     else:
         reasons.append(f"{precision} as given")
     if len(attentions) > 1:
-        other = next(a for a in attentions if a != attention)
         reasons.append(
-            f"{attention} attention: {seconds(precision, attention):.2f} s per update against "
-            f"{seconds(precision, other):.2f} s with {other}"
+            against(f"{attention} attention", [(precision, a, compiled) for a in attentions], lambda c: f"with {c[1]}")
+        )
+    if len(compiles) > 1:
+        name = "a compiled training step" if compiled else "an eager training step"
+        reasons.append(
+            against(name, [(precision, attention, c) for c in compiles], lambda c: "compiled" if c[2] else "eager")
+        )
+    elif recipe.compile_training == "auto" and device.type == "cuda" and not compiled:
+        reasons.append(
+            f"an eager training step (a compiled one is measured in runs of {COMPILE_AFTER_MINUTES}+ minutes)"
         )
     return reasons
+
+
+def _seconds(timing: Timing) -> str:
+    """`0.35 s`, with what a new batch shape adds where it is worth saying (1% of an update or more)."""
+    text = f"{timing.steady:.2f} s" if timing.steady >= 0.1 else f"{timing.steady * 1000:.1f} ms"
+    if timing.per_shape >= 0.01 * timing.steady and timing.per_shape >= 0.001:
+        text += f" (+{timing.per_shape:.2f} s a new batch shape)"
+    if timing.once >= 1.0:
+        text += f" (+{timing.once:.0f} s once)"
+    return text

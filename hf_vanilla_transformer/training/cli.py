@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..data.errors import CorpusError
 from .checkpoints import CheckpointError
+from .collapse import SourceCollapseError, collapse_message
 from .recipes import parse_arguments
 from .run import train_and_evaluate
 
@@ -28,7 +29,7 @@ def train_from_command_line(
         raise SystemExit(f"{script}: {error}") from None
     try:
         return _train_and_report(recipe, args, argv)
-    except (CorpusError, CheckpointError, FileNotFoundError) as error:
+    except (CorpusError, CheckpointError, FileNotFoundError, SourceCollapseError) as error:
         raise SystemExit(f"{script}: {error}") from None
 
 
@@ -75,4 +76,17 @@ def _train_and_report(recipe, args, argv) -> dict | None:
         f"\nModel folder: {args.output_dir} (model, tokenizer, results.json, README.md); "
         f"total {(time.time() - started) / 60:.1f} min"
     )
+    if results["plan"].get("ended_by") == "epochs":
+        print(
+            f"The {recipe.max_epochs:g}-epoch cap (--max_epochs) ended training before the "
+            f"{recipe.max_minutes:g}-minute budget: this corpus gives no more.",
+            flush=True,
+        )
+    check = results.get("source_check") or {}
+    if check.get("collapsed_at") is not None:
+        entry = next(e for e in check["history"] if e["step"] == check["collapsed_at"])
+        message = collapse_message(entry, args.output_dir, check["mode"])
+        if check["mode"] == "stop":
+            raise SourceCollapseError(message)
+        print(f"\nWARNING: {message}", flush=True)
     return results

@@ -25,29 +25,23 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..data.batching import accumulation_steps
 from ..evaluation.length_penalty import length_penalty_choices
-from .arguments import preset_choices, token_choices
-from .calibration import Measurement, measure_checkpoint_seconds, measure_choices
+from ..utils.machine import describe_device
+from .arguments import budgeted, preset_choices, token_choices
+from .calibration import Measurement, Timing, measure_checkpoint_seconds, measure_choices
+from .costs import (
+    FINISHING_SECONDS,
+    SAFETY,
+    TRAINER_OVERHEAD,
+    decode_seconds,
+    updates_that_fit,
+    validation_loss_seconds,
+)
+from .device import training_device
+from .schedule import accumulation_for, lr_scale_for, peak_learning_rate, schedule_for
 
 
 BUDGET_FILE = "budget.json"
-
-# Decoding one test sentence with beam 4 costs about as much as training on this many tokens per side (an update's
-# time divided by its tokens per batch): 1,152 sentences took 64 s at 0.86 s per 2,048-token update (EPYC, AVX2,
-# fp32: 132 tokens), 75 s at 0.48 s per 1,024-token update (EPYC, fp32: 140), 22.4 s at 0.29 s per 2,048-token
-# update (Xeon, AMX, bf16: 137), 57 s at 0.54 s per 1,024-token update (a slower EPYC, fp32: 94); greedy validation
-# about half. The largest of them.
-DECODE_TOKENS_PER_SENTENCE = {1: 90, 4: 140}
-# What the planner keeps back: Trainer's own work per update (collation, scheduler, logging, token counting, the
-# first touches of memory in a new process), measured as real updates against the calibration's (validation and
-# checkpoints apart): on an EPYC (fp32) 0.835 s against 0.75 s with 2,048-token batches, 0.51 s against 0.42 s with
-# 1,024; on a slower EPYC 0.517 s against 0.485 s and 0.563 s against 0.518 s with 1,024 (runs A and C of
-# docs/cpu_recipe.md). Planning near the low end leaves less of the budget unused; a run that turns out slower
-# stops at the deadline, saved, and averages its end.
-TRAINER_OVERHEAD = 1.08
-FINISHING_SECONDS = 30.0
-SAFETY = 0.97  # of the training time left, for the noise of a shared machine
 
 
 @dataclass
@@ -58,12 +52,12 @@ class BudgetPlan:
     warmup_steps: int
     save_steps: int
     eval_steps: int | None
-    precision: str  # "bf16" or "fp32"
+    precision: str  # "fp32", "bf16", and on CUDA "fp16" or "tf32" (device.py)
     attn_implementation: str | None
     max_tokens: int | None = None  # padded source (and target) tokens per batch
     preset: str | None = None  # the model size trained by a budgeted run (None: the recipe's preset)
     max_minutes: float | None = None  # None: the length was given (--max_steps)
-    seconds_per_update: float | None = None  # measured, for the chosen precision and attention
+    seconds_per_update: float | None = None  # measured, for the chosen precision and attention, of a shape met before
     planned_training_seconds: float | None = None  # updates, validation and checkpoints
     predicted_decode_seconds: float | None = None
     measured: dict[str, float] = field(default_factory=dict)  # "fp32/eager" -> seconds per update
@@ -77,6 +71,10 @@ class BudgetPlan:
     # the run may switch to when its own updates prove the calibration wrong (replanning.better_candidate).
     candidates: list[dict] = field(default_factory=list)
     switched_from: dict | None = None  # the choice a switch left, and why
+    torch_compile: bool = False  # the training step compiled (measured on CUDA in long runs: calibration.py)
+    seconds_per_new_shape: float = 0.0  # what the first update of each new batch shape adds (calibration.py)
+    once_seconds: float = 0.0  # what the first updates add once beyond that (a compilation's first graphs)
+    predicted_seconds_per_update: float | None = None  # the run's updates, new shapes paid, over their number
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -97,8 +95,10 @@ class PlanContext:
     preset, samples of real training batches, the sizes of the held-out splits and when the budget's clock started.
 
     `sample_batches(max_tokens)` gives a few collated training batches of that size (for calibration);
-    `updates_per_epoch(max_tokens, accumulation)` the updates in an epoch of the training split; `build(preset)` a
-    new model of another preset, to measure the recipe's `preset_choices` (None: the recipe's preset only)."""
+    `updates_per_epoch(max_tokens, accumulation)` the updates in an epoch of the training split;
+    `shapes_met(max_tokens, batches)` the distinct batch shapes among that many batches of the run (each costs its
+    first update more: calibration.Timing); `build(preset)` a new model of another preset, to measure the recipe's
+    `preset_choices` (None: the recipe's preset only)."""
 
     recipe: object  # ModelDataArguments
     args: object  # TransformerTrainingArguments
@@ -110,10 +110,22 @@ class PlanContext:
     started: float
     build: Callable[[str], torch.nn.Module] | None = None
     known: Measurement | None = None  # a run switched to another choice: its seconds, measured by the Trainer
+    shapes_met: Callable[[int, int], float] = lambda max_tokens, batches: 0.0
 
     @property
     def budgeted(self) -> bool:
-        return self.recipe.max_minutes is not None and self.args.max_steps <= 0
+        return budgeted(self.recipe, self.args)
+
+    def first_costs(self, timing: Timing, max_tokens: int, accumulation: int) -> Callable[[int], float]:
+        """Seconds that `updates` updates of `accumulation` batches of `max_tokens` add to their steady time: the
+        first update of every batch shape they meet, and what is paid once."""
+
+        def cost(updates: int) -> float:
+            if updates <= 0:
+                return 0.0
+            return timing.once + timing.per_shape * self.shapes_met(max_tokens, updates * accumulation)
+
+        return cost
 
 
 @dataclass
@@ -124,6 +136,7 @@ class BudgetFit:
     max_tokens: int
     max_steps: int
     seconds_per_update: float
+    timing: Timing  # of one update (accumulation included)
     training_seconds: float
     decode_seconds: float
     reason: str
@@ -135,99 +148,6 @@ class BudgetFit:
 # ---------------------------------------------------------------------------------------------------------------------
 # Arithmetic
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def warmup_for(max_steps: int, warmup: float, max_fraction: float | None = None) -> int:
-    """Warmup updates: `warmup` itself when >= 1, else that fraction of the run; never more than `max_fraction` of
-    the run where given; at least 1 update."""
-    if warmup <= 0:
-        raise ValueError(f"warmup_steps={warmup} is invalid; expected updates (>= 1) or a fraction of the run (0, 1).")
-    updates = int(warmup) if warmup >= 1 else round(max_steps * warmup)
-    if max_fraction is not None:
-        if not 0 < max_fraction <= 1:
-            raise ValueError(f"max_warmup_fraction={max_fraction} is invalid; expected a fraction in (0, 1].")
-        updates = min(updates, round(max_steps * max_fraction))
-    return max(1, updates)
-
-
-def spacing_for(max_steps: int, per_run: int) -> int:
-    """Updates between two of `per_run` evenly spaced events (checkpoints, validations) over `max_steps`."""
-    if per_run < 1:
-        raise ValueError(f"{per_run} events per run is invalid; expected at least 1.")
-    return max(1, math.ceil(max_steps / per_run))
-
-
-def updates_that_fit(
-    seconds: float,
-    seconds_per_update: float,
-    checkpoints: int = 0,
-    seconds_per_checkpoint: float = 0.0,
-    validations: int = 0,
-    seconds_per_validation: float = 0.0,
-) -> int:
-    """How many updates fit `seconds` of training, once `checkpoints` saves and `validations` passes are paid for
-    (their number is fixed per run: their spacing grows with the run)."""
-    if seconds_per_update <= 0:
-        raise ValueError(f"seconds_per_update={seconds_per_update} is invalid; expected a positive measured time.")
-    left = seconds - checkpoints * seconds_per_checkpoint - validations * seconds_per_validation
-    return max(0, math.floor(left / seconds_per_update))
-
-
-def decode_seconds(sentences: int, beams: int, seconds_per_update: float, tokens_per_update: int) -> float:
-    """Predicted time to translate `sentences` with `beams` beams, from the time of an update of
-    `tokens_per_update` tokens per side of the same model on the same machine."""
-    per_token = seconds_per_update / tokens_per_update
-    if beams <= 1:
-        return sentences * DECODE_TOKENS_PER_SENTENCE[1] * per_token
-    return sentences * DECODE_TOKENS_PER_SENTENCE[4] * max(1, beams) / 4 * per_token
-
-
-def schedule_for(
-    max_steps: int,
-    warmup: float,
-    checkpoints_per_run: int | None,
-    evaluations_per_run: int | None,
-    save_steps: float,
-    eval_steps: float | None,
-    max_warmup_fraction: float | None = None,
-) -> tuple[int, int, int | None]:
-    """(warmup, checkpoint spacing, validation spacing) for a run of `max_steps` updates: fractions of the run where
-    the recipe gives them per run, else the fixed spacings given."""
-    save = spacing_for(max_steps, checkpoints_per_run) if checkpoints_per_run else max(1, int(save_steps))
-    if evaluations_per_run:
-        evaluate = spacing_for(max_steps, evaluations_per_run)
-        if checkpoints_per_run and evaluations_per_run <= checkpoints_per_run:
-            evaluate = save * max(1, round(evaluate / save))  # validate where a checkpoint is saved
-    else:
-        evaluate = int(eval_steps) if eval_steps else None
-    return warmup_for(max_steps, warmup, max_warmup_fraction), save, evaluate
-
-
-def updates_per_epoch(sampler, accumulation: int, world_size: int) -> int:
-    """Updates in an epoch of `sampler`'s batches, `accumulation` batches per update in each of `world_size`
-    processes."""
-    return max(1, math.ceil(len(sampler) / (accumulation * max(1, world_size))))
-
-
-def accumulation_for(recipe, args, max_tokens: int) -> int:
-    """Batches per update: the given gradient accumulation, or more where `tokens_per_update` asks for it."""
-    return max(
-        args.gradient_accumulation_steps, accumulation_steps(recipe.tokens_per_update, max_tokens, args.world_size)
-    )
-
-
-def lr_scale_for(recipe, args, d_model: int, warmup: int) -> float:
-    """The factor on the §5.3 schedule (peak lr_scale * d_model^-0.5 * warmup^-0.5 at the end of warmup). A recipe
-    that names its peak gets the lr_scale that reaches it; where a short run cut the warmup (max_warmup_fraction),
-    the rate climbs the same ramp and peaks lower: a post-LN model needs the ramp (warmup 308 to the full peak
-    stalled at loss 4.7 on the CPU recipe, docs/cpu_recipe.md)."""
-    if recipe.peak_learning_rate is None:
-        return recipe.lr_scale
-    peak = recipe.peak_learning_rate
-    nominal = args.warmup_steps
-    if nominal >= 1 and warmup < nominal:
-        peak *= warmup / nominal
-    return peak * (d_model * warmup) ** 0.5
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -247,12 +167,13 @@ def new_plan(context: PlanContext) -> BudgetPlan:
     measured, reasons, fixed, candidates = {}, [], None, []
     for index, preset in enumerate(presets):
         model = context.model if preset == recipe.preset else context.build(preset)
-        # 1. Precision, attention and the time of a batch at each size; a smaller preset keeps the precision and
-        #    attention measured on the first. A run switched to another choice knows its time already.
+        # 1. Precision, attention, compilation and the time of a batch at each size, ranked by the time per update
+        #    of a run of what fits the budget (new shapes paid); a smaller preset keeps the choices measured on the
+        #    first. A run switched to another choice knows its time already.
         measurement = context.known or measure_choices(
-            recipe, context.args, model, context.sample_batches, sizes, True, fixed
+            recipe, context.args, model, context.sample_batches, sizes, True, fixed, _budget_rank(context)
         )
-        fixed = (measurement.precision, measurement.attention)
+        fixed = measurement.fixed
         prefix = f"{preset}/" if len(presets) > 1 else ""
         measured.update({prefix + name: seconds for name, seconds in measurement.measured.items()})
         reasons = reasons or measurement.reasons
@@ -275,6 +196,8 @@ def new_plan(context: PlanContext) -> BudgetPlan:
     plan.preset = preset
     plan.max_minutes = recipe.max_minutes
     plan.seconds_per_update = fit.seconds_per_update
+    plan.seconds_per_new_shape, plan.once_seconds = fit.timing.per_shape, fit.timing.once
+    plan.predicted_seconds_per_update = _predicted_per_update(context, fit.timing, fit.max_tokens, fit.max_steps)
     plan.planned_training_seconds = fit.training_seconds
     plan.predicted_decode_seconds = fit.decode_seconds
     plan.checkpoint_seconds, plan.validation_seconds = fit.checkpoint_seconds, fit.validation_seconds
@@ -282,29 +205,64 @@ def new_plan(context: PlanContext) -> BudgetPlan:
     return plan
 
 
-def _candidate(context: PlanContext, preset: str, max_tokens: int, seconds_per_batch: float) -> dict:
+def _predicted_per_update(context: PlanContext, timing: Timing, max_tokens: int, updates: int) -> float:
+    """Seconds per update of a run of `updates` updates (of the timing's accumulation), its new shapes paid."""
+    accumulation = accumulation_for(context.recipe, context.args, max_tokens)
+    first = context.first_costs(timing, max_tokens, accumulation)(updates)
+    return timing.steady + first / max(1, updates)
+
+
+def _budget_rank(context: PlanContext) -> Callable[[Timing, int], float]:
+    """Rank the calibration's candidates by their seconds per update over the updates the budget would give them
+    (capped by the epochs): the first update of each new batch shape paid, and what is paid once."""
+
+    def rank(timing: Timing, max_tokens: int) -> float:
+        accumulation = accumulation_for(context.recipe, context.args, max_tokens)
+        update = timing.scaled(accumulation)
+        seconds = context.recipe.max_minutes * 60 - (time.time() - context.started)
+        updates = max(1, math.floor(seconds / update.steady))
+        if context.recipe.max_epochs is not None:
+            cap = context.recipe.max_epochs * context.updates_per_epoch(max_tokens, accumulation)
+            updates = max(1, min(updates, math.floor(cap)))
+        return _predicted_per_update(context, update, max_tokens, updates)
+
+    return rank
+
+
+def _candidate(context: PlanContext, preset: str, max_tokens: int, batch: Timing) -> dict:
     """A calibrated choice: its preset, batch size, accumulation, seconds per update and updates per epoch."""
     accumulation = accumulation_for(context.recipe, context.args, max_tokens)
     return {
         "preset": preset,
         "max_tokens": max_tokens,
         "accumulation": accumulation,
-        "seconds_per_update": seconds_per_batch * accumulation,
+        "seconds_per_update": batch.steady * accumulation,
         "updates_per_epoch": context.updates_per_epoch(max_tokens, accumulation),
     }
 
 
 def _given_length_plan(context: PlanContext) -> BudgetPlan:
-    """The plan of a run whose length is given (`--max_steps`, or epochs): the precision and attention measured
-    only where the recipe leaves them open."""
+    """The plan of a run whose length is given (`--max_steps`, or epochs): the precision, attention and compilation
+    measured only where the recipe leaves them open, ranked by the time of the whole run."""
     recipe, args = context.recipe, context.args
     max_tokens = recipe.max_tokens
-    measurement = measure_choices(recipe, args, context.model, context.sample_batches, [max_tokens], False)
-    per_epoch = context.updates_per_epoch(max_tokens, accumulation_for(recipe, args, max_tokens))
+    accumulation = accumulation_for(recipe, args, max_tokens)
+    per_epoch = context.updates_per_epoch(max_tokens, accumulation)
     max_steps = args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
+
+    def rank(timing: Timing, size: int) -> float:
+        return _predicted_per_update(context, timing.scaled(accumulation), size, max_steps)
+
+    measurement = measure_choices(recipe, args, context.model, context.sample_batches, [max_tokens], False, None, rank)
     reasons = [*measurement.reasons, f"{max_steps:,} updates as given"]
     plan = _schedule(context, context.model, max_steps, max_tokens, measurement, reasons, measurement.measured)
-    plan.seconds_per_update = measurement.per_size.get(max_tokens)
+    timing = measurement.per_size.get(max_tokens)
+    if timing is not None:
+        plan.seconds_per_update = timing.steady * accumulation
+        plan.seconds_per_new_shape, plan.once_seconds = timing.per_shape, timing.once
+        plan.predicted_seconds_per_update = _predicted_per_update(
+            context, timing.scaled(accumulation), max_tokens, max_steps
+        )
     return plan
 
 
@@ -321,7 +279,11 @@ def _schedule(context, model, max_steps, max_tokens, measurement: Measurement, r
         args.eval_steps,
         max_warmup_fraction=recipe.max_warmup_fraction,
     )
-    cadence = f"warmup {warmup:,} updates, a checkpoint every {save:,}"
+    accumulation = accumulation_for(recipe, args, max_tokens)
+    d_model = model.config.d_model
+    lr_scale = lr_scale_for(recipe, args, warmup, max_tokens * accumulation * max(1, args.world_size), d_model)
+    peak = peak_learning_rate(lr_scale, d_model, warmup)
+    cadence = f"warmup {warmup:,} updates to a peak learning rate of {peak:.2e}, a checkpoint every {save:,}"
     if args.eval_strategy == "steps" and evaluate:
         cadence += f", validation every {evaluate:,}"
     return BudgetPlan(
@@ -331,23 +293,29 @@ def _schedule(context, model, max_steps, max_tokens, measurement: Measurement, r
         eval_steps=evaluate,
         precision=measurement.precision,
         attn_implementation=measurement.attention,
+        torch_compile=measurement.compiled,
         max_tokens=max_tokens,
         measured=measured,
-        reasons=[*reasons, cadence],
-        gradient_accumulation_steps=accumulation_for(recipe, args, max_tokens),
-        lr_scale=lr_scale_for(recipe, args, model.config.d_model, warmup),
+        reasons=[_where(recipe, args), *reasons, cadence],
+        gradient_accumulation_steps=accumulation,
+        lr_scale=lr_scale,
     )
 
 
-def fit_budget(context: PlanContext, model, sizes: list[int], per_size: dict[int, float]) -> BudgetFit:
+def _where(recipe, args) -> str:
+    """Where the run trains and with which recipe, in words: the plan line's first part."""
+    where = describe_device(training_device(args))
+    return f"recipe {recipe.recipe} on {where}" if recipe.recipe else f"on {where}"
+
+
+def fit_budget(context: PlanContext, model, sizes: list[int], per_size: dict[int, Timing]) -> BudgetFit:
     """The largest batch size of `sizes` that still gives `min_updates` updates in the budget (enough), else the
     smallest, from the measured seconds of a batch at each size."""
     recipe, args = context.recipe, context.args
     checkpoint_seconds = measure_checkpoint_seconds(model) if recipe.checkpoints_per_run else 0.0
     for max_tokens in sizes:
         accumulation = accumulation_for(recipe, args, max_tokens)
-        seconds = per_size[max_tokens] * accumulation
-        fit = _updates_for_budget(context, max_tokens, accumulation, seconds, checkpoint_seconds)
+        fit = _updates_for_budget(context, max_tokens, accumulation, per_size[max_tokens], checkpoint_seconds)
         if fit.enough:
             break
     if len(sizes) > 1:
@@ -368,9 +336,9 @@ def _finishing_seconds(context: PlanContext, update: float, tokens: int) -> tupl
     alphas = len(length_penalty_choices(recipe)) if pairs is not None else 0
     decode += alphas * decode_seconds(pairs, recipe.test_beams, update, tokens) if alphas else 0.0
     validations = (recipe.evaluations_per_run or 0) if args.eval_strategy == "steps" and pairs is not None else 0
-    # A validation pass: greedy decoding of its pairs, and their loss (batches of 64 pairs, ~1/10 of an update each).
     validation_seconds = (
-        decode_seconds(pairs, args.generation_num_beams or 1, update, tokens) + pairs / 640 * update
+        decode_seconds(pairs, args.generation_num_beams or 1, update, tokens)
+        + validation_loss_seconds(pairs, update, recipe.source_check != "off")
         if validations
         else 0.0
     )
@@ -378,18 +346,21 @@ def _finishing_seconds(context: PlanContext, update: float, tokens: int) -> tupl
 
 
 def _updates_for_budget(
-    context: PlanContext, max_tokens: int, accumulation: int, seconds_per_update: float, checkpoint_seconds: float
+    context: PlanContext, max_tokens: int, accumulation: int, batch: Timing, checkpoint_seconds: float
 ) -> BudgetFit:
-    """The updates that fit the budget at `seconds_per_update` (measured) for updates of `accumulation` batches of
-    `max_tokens` padded tokens per side and process, once set-up so far, the checkpoints, the validations and the
-    test decoding are paid for."""
+    """The updates that fit the budget at the `batch` timing (measured) for updates of `accumulation` batches of
+    `max_tokens` padded tokens per side and process, once set-up so far, the checkpoints, the validations, the test
+    decoding and the first update of each new batch shape are paid for."""
     recipe = context.recipe
-    update = seconds_per_update * (1.0 if context.known else TRAINER_OVERHEAD)  # a known time is the Trainer's
+    overhead = 1.0 if context.known else TRAINER_OVERHEAD  # a known time is the Trainer's
+    timing = Timing(batch.steady * accumulation * overhead, batch.per_shape, batch.once)
+    update = timing.steady
     decode, validation_seconds, validations = _finishing_seconds(context, update, max_tokens * accumulation)
     checkpoints = recipe.checkpoints_per_run or 0
     spent = time.time() - context.started
     left = (recipe.max_minutes * 60 - spent - decode - FINISHING_SECONDS) * SAFETY
-    fit = updates_that_fit(left, update, checkpoints, checkpoint_seconds, validations, validation_seconds)
+    first_costs = context.first_costs(timing, max_tokens, accumulation)
+    fit = updates_that_fit(left, update, checkpoints, checkpoint_seconds, validations, validation_seconds, first_costs)
     alphas = context.validation_pairs is not None and length_penalty_choices(recipe)
     reason = (
         f"{fit:,} updates fit {left / 60:.1f} training minutes of the {recipe.max_minutes:g}-minute budget "
@@ -400,10 +371,19 @@ def _updates_for_budget(
     if recipe.max_epochs is not None and fit > recipe.max_epochs * per_epoch:
         fit = max(1, math.floor(recipe.max_epochs * per_epoch))
         reason += f"; capped at {fit:,} = {recipe.max_epochs:g} epochs of this corpus"
-    training = fit * update + checkpoints * checkpoint_seconds + validations * validation_seconds
+    training = fit * update + first_costs(fit) + checkpoints * checkpoint_seconds + validations * validation_seconds
     enough = recipe.min_updates is None or fit >= recipe.min_updates
     return BudgetFit(
-        max_tokens, fit, seconds_per_update, training, decode, reason, enough, checkpoint_seconds, validation_seconds
+        max_tokens,
+        fit,
+        timing.steady / overhead,
+        Timing(timing.steady / overhead, timing.per_shape, timing.once),
+        training,
+        decode,
+        reason,
+        enough,
+        checkpoint_seconds,
+        validation_seconds,
     )
 
 
@@ -415,16 +395,20 @@ def _updates_for_budget(
 def trainer_arguments(args, plan: BudgetPlan, d_model: int, max_steps: int | None = None):
     """A copy of the user's `args` with the plan's length (or the upper bound `max_steps` of a run whose length the
     budget may re-fit: the plan's length is then kept by the budget callback), schedule, precision, accumulation and
-    §5.3 learning rate (lr_scale * d_model^-0.5, which the schedule multiplies): what the Trainer runs. `args` is
-    left as given."""
+    §5.3 learning rate (lr_scale * d_model^-0.5, which the schedule multiplies), precision and compilation: what the
+    Trainer runs. `args` is left as given."""
     planned = copy.copy(args)
     planned.max_steps = max(plan.max_steps, max_steps or 0)
     planned.warmup_steps = plan.warmup_steps
     planned.save_steps = plan.save_steps
     if plan.eval_steps:
         planned.eval_steps = plan.eval_steps
-    planned.bf16 = plan.precision == "bf16"
-    planned.mixed_precision = "bf16" if planned.bf16 else ("fp16" if args.fp16 else "no")
+    planned.bf16, planned.fp16 = plan.precision == "bf16", plan.precision == "fp16"
+    planned.mixed_precision = plan.precision if plan.precision in ("bf16", "fp16") else "no"
+    planned.tf32 = True if plan.precision == "tf32" else args.tf32  # (TransformerTrainer.train applies it)
+    planned.torch_compile = plan.torch_compile
+    if plan.torch_compile and planned.torch_compile_backend is None:
+        planned.torch_compile_backend = "inductor"
     planned.gradient_accumulation_steps = plan.gradient_accumulation_steps
     planned.learning_rate = plan.lr_scale * d_model**-0.5
     return planned
@@ -437,5 +421,6 @@ def complete_recorded_plan(plan: BudgetPlan, recipe, args, d_model: int) -> Budg
     if plan.gradient_accumulation_steps is None:
         plan.gradient_accumulation_steps = accumulation_for(recipe, args, plan.max_tokens or recipe.max_tokens)
     if plan.lr_scale is None:
-        plan.lr_scale = lr_scale_for(recipe, args, d_model, plan.warmup_steps)
+        tokens = plan.max_tokens * plan.gradient_accumulation_steps * max(1, args.world_size)
+        plan.lr_scale = lr_scale_for(recipe, args, plan.warmup_steps, tokens, d_model)
     return plan

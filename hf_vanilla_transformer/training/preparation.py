@@ -53,17 +53,12 @@ from .callbacks import (
     TrainingProgressCallback,
     recorded_plan,
 )
-from .planning import (
-    BUDGET_FILE,
-    FINISHING_SECONDS,
-    BudgetPlan,
-    PlanContext,
-    complete_recorded_plan,
-    new_plan,
-    trainer_arguments,
-    updates_per_epoch,
-)
+from .collapse import SourceCheckCallback
+from .costs import FINISHING_SECONDS
+from .device import pad_multiple, training_device
+from .planning import BUDGET_FILE, BudgetPlan, PlanContext, complete_recorded_plan, new_plan, trainer_arguments
 from .replanning import RefitRules
+from .schedule import updates_per_epoch
 from .trainer import TransformerTrainer, noam_factor
 
 
@@ -190,7 +185,7 @@ def prepare_run(
         plan = complete_recorded_plan(plan, recipe, args, model.config.d_model)
     rules = refit_rules(recipe, args, plan, context) if plan.max_minutes else None
     budget = TimeBudgetCallback(plan.to_dict(), _deadline(plan, resume, started), rules)
-    callbacks = [*_callbacks(recipe), budget, SetupClockCallback(clock, output_dir)]
+    callbacks = [*_callbacks(recipe, evaluation is not None), budget, SetupClockCallback(clock, output_dir)]
     bound = rules.max_updates if rules is not None else None  # room to re-plan into
     trainer = _build_trainer(args, plan, model, tokenizer, train, evaluation, batches, callbacks, bound)
     clock.write(output_dir)
@@ -265,7 +260,8 @@ def _validation_split(recipe: ModelDataArguments, encoded: DatasetDict):
 def _plan_context(recipe, args, model, tokenizer, train, batches, evaluation, corpus, started) -> PlanContext:
     """What the planner reads: real batches of the training split (a spread of 12 for calibration), the epoch's
     updates at a batch size, the held-out splits' sizes, and a way to build the recipe's other presets."""
-    collator = DataCollatorForSeq2Seq(tokenizer, model=model)
+    collator = training_collator(tokenizer, model, args)
+    multiple = pad_multiple(training_device(args))
 
     def sample_batches(max_tokens: int) -> list[dict]:
         chosen = batches.of(max_tokens).spread(12)
@@ -274,14 +270,33 @@ def _plan_context(recipe, args, model, tokenizer, train, batches, evaluation, co
     def epoch_updates(max_tokens: int, accumulation: int) -> int:
         return updates_per_epoch(batches.of(max_tokens), accumulation, args.world_size)
 
+    def shapes_met(max_tokens: int, count: int) -> float:
+        return batches.of(max_tokens).shapes_met(count, multiple)
+
     def build(preset: str) -> VanillaTransformerForConditionalGeneration:
         return build_model(dataclasses.replace(recipe, preset=preset), tokenizer)
 
     test = corpus["test"] if "test" in corpus else corpus.get("validation", [])
     validation_pairs = len(evaluation) if evaluation is not None else None
     return PlanContext(
-        recipe, args, model, sample_batches, epoch_updates, validation_pairs, len(test), started, build=build
+        recipe,
+        args,
+        model,
+        sample_batches,
+        epoch_updates,
+        validation_pairs,
+        len(test),
+        started,
+        build=build,
+        shapes_met=shapes_met,
     )
+
+
+def training_collator(tokenizer, model, args) -> DataCollatorForSeq2Seq:
+    """The collator of the training batches, the calibration's and the Trainer's: padded to the longest of each side
+    (to a multiple of 8 on CUDA: `device.pad_multiple`)."""
+    multiple = pad_multiple(training_device(args))
+    return DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=multiple if multiple > 1 else None)
 
 
 def plan_run(context: PlanContext, resume: str | None = None) -> BudgetPlan:
@@ -341,11 +356,16 @@ def refit_rules(recipe, args, plan: BudgetPlan, context: PlanContext) -> RefitRu
         min_updates=recipe.min_updates,
         max_epochs=recipe.max_epochs,
         validation_beams=args.generation_num_beams or 1,
+        source_check=recipe.source_check != "off",
     )
 
 
-def _callbacks(recipe: ModelDataArguments) -> list:
-    return [SaveEveryCallback(recipe.save_minutes)] if recipe.save_minutes else []
+def _callbacks(recipe: ModelDataArguments, validates: bool) -> list:
+    """The recipe's own callbacks: timed checkpoints, and the source check where there are validation pairs."""
+    callbacks = [SaveEveryCallback(recipe.save_minutes)] if recipe.save_minutes else []
+    if validates and recipe.source_check != "off":
+        callbacks.append(SourceCheckCallback(recipe.source_check))
+    return callbacks
 
 
 def _build_trainer(args, plan, model, tokenizer, train, evaluation, batches, callbacks, bound) -> TransformerTrainer:
@@ -358,11 +378,12 @@ def _build_trainer(args, plan, model, tokenizer, train, evaluation, batches, cal
         args=planned,
         train_dataset=train,
         eval_dataset=evaluation,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        data_collator=training_collator(tokenizer, model, args),
         processing_class=tokenizer,
         compute_metrics=seq2seq_bleu_metrics(tokenizer),
         batch_sampler=sampler,
         callbacks=callbacks,
+        source_check=any(isinstance(callback, SourceCheckCallback) for callback in callbacks),
     )
     if trainer.pop_callback(ProgressCallback) is not None:
         trainer.add_callback(TrainingProgressCallback(plan.seconds_per_update if plan.max_minutes else None))

@@ -1,4 +1,4 @@
-"""Training recipes as files: `configs/recipes/<name>.yaml` (cpu, base, big) or any YAML/JSON file of flags.
+"""Training recipes as files: `configs/recipes/<name>.yaml` (cpu, gpu, base, big) or any YAML/JSON file of flags.
 
 A recipe holds values of `ModelDataArguments` and `TransformerTrainingArguments`; it becomes the defaults of
 `HfArgumentParser`, so every flag on the command line overrides it:
@@ -12,10 +12,11 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
 import yaml
 from transformers import HfArgumentParser
 
-from .arguments import ModelDataArguments, TransformerTrainingArguments, check_run_arguments
+from .arguments import ModelDataArguments, TransformerTrainingArguments, check_run_arguments, settle_choices
 
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "configs" / "recipes"
@@ -47,6 +48,16 @@ def read_recipe(name: str | Path) -> dict:
     return values
 
 
+def machine_recipe() -> str:
+    """The recipe of the main job on this machine: `gpu` where PyTorch sees a CUDA device, else `cpu`."""
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def given_flags(argv: list[str]) -> set[str]:
+    """The flag names on the command line `argv` (`--max_tokens 1024`, `--max-tokens=1024`: max_tokens)."""
+    return {token[2:].split("=", 1)[0].replace("-", "_") for token in argv if token.startswith("--")}
+
+
 def parse_arguments(
     argv: list[str] | None = None, default_recipe: str | None = None, defaults: dict | None = None
 ) -> tuple[ModelDataArguments, TransformerTrainingArguments]:
@@ -60,11 +71,16 @@ def parse_arguments(
     if known.recipe:
         values.update(read_recipe(known.recipe))
         values["recipe"] = str(known.recipe)
+        if "peak_learning_rate" in values and "preset" in values:  # a recipe file's peak is its own preset's
+            values.setdefault("peak_learning_rate_preset", values["preset"])
     parser = HfArgumentParser((ModelDataArguments, TransformerTrainingArguments))
     parser.set_defaults(**values)
     recipe, args = parser.parse_args_into_dataclasses(args=argv)
-    given = argv if argv is not None else sys.argv[1:]
-    if any(token == "--bf16" or token.startswith("--bf16=") for token in given):
+    given = given_flags(argv if argv is not None else sys.argv[1:])
+    if "bf16" in given:
         recipe.precision = "bf16" if args.bf16 else "fp32"
+    if "peak_learning_rate" in given and "peak_learning_rate_preset" not in given:
+        recipe.peak_learning_rate_preset = None  # the command line's peak is the run's own preset's
+    settle_choices(recipe, args, given)
     check_run_arguments(recipe, args)
     return recipe, args

@@ -26,7 +26,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .planning import SAFETY, schedule_for
+from .costs import SAFETY, validation_loss_seconds
+from .schedule import schedule_for
 
 
 REFIT_ROUNDS = 3  # the fixed costs left depend on the length: a few rounds settle it
@@ -54,6 +55,7 @@ class RefitRules:
     validation_beams: int = 1
     min_updates: int | None = None  # what a choice of model and batch size must reach (the recipe's)
     max_epochs: float | None = None  # the recipe's cap, for the other choices' epochs
+    source_check: bool = False  # each validation also measures the source's worth (collapse.py)
 
 
 def refit(
@@ -130,7 +132,7 @@ def predicted_decode_seconds(rules: RefitRules, validation_seconds: float, secon
     """The test decoding (and the choice of alpha) predicted from a validation pass on this machine: its decoding of
     `validation_pairs` pairs with `validation_beams` beams (the pass less its loss batches), scaled to
     `test_sentences` decoded with `test_beams` beams by their relative cost per sentence (`BEAM4_PER_GREEDY`)."""
-    loss_batches = rules.validation_pairs / 640 * seconds_per_update  # as planning.py counts them
+    loss_batches = validation_loss_seconds(rules.validation_pairs, seconds_per_update, rules.source_check)
     per_sentence = max(0.0, validation_seconds - loss_batches) / max(1, rules.validation_pairs)
     return rules.test_sentences * per_sentence * _decode_cost(rules.test_beams) / _decode_cost(rules.validation_beams)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..utils.machine import describe_machine
 from .callbacks import TimeBudgetCallback
 from .checkpoints import checkpoint_step
+from .collapse import SourceCheckCallback
 from .preparation import PreparedRun
 
 
@@ -72,7 +73,15 @@ def run_results(run: PreparedRun, model, outcome: RunOutcome) -> dict:
     }
     if outcome.alpha_choice:
         results["length_penalty_choice"] = outcome.alpha_choice
+    check = source_check(run)
+    if check is not None:
+        results["source_check"] = check.record()
     return results
+
+
+def source_check(run: PreparedRun) -> SourceCheckCallback | None:
+    """The run's source check (None where it did not validate or was told not to check)."""
+    return next((c for c in run.trainer.callback_handler.callbacks if isinstance(c, SourceCheckCallback)), None)
 
 
 def requested(recipe, args) -> dict:
@@ -87,6 +96,9 @@ def requested(recipe, args) -> dict:
         "tokens_per_update": recipe.tokens_per_update,
         "lr_scale": recipe.lr_scale,
         "peak_learning_rate": recipe.peak_learning_rate,
+        "peak_learning_rate_preset": recipe.peak_learning_rate_preset,
+        "lr_reference_tokens": recipe.lr_reference_tokens,
+        "compile_training": recipe.compile_training,
         "warmup_steps": args.warmup_steps,
         "max_length": recipe.max_length,
         "seed": args.seed,
@@ -107,7 +119,22 @@ def _plan(run: PreparedRun) -> dict:
         **budget.plan,
         "measured_seconds_per_update": budget.meter.seconds_per_update,
         "stopped_early_at": budget.stopped_early_at,
+        "ended_by": _ended_by(run, budget),
     }
+
+
+def _ended_by(run: PreparedRun, budget: TimeBudgetCallback) -> str:
+    """Why training ended: "source collapse" (the source check stopped it), "deadline" (the budget's), "epochs" (the
+    epoch cap bound before the budget: the run ends early), else "updates" (the length planned or given)."""
+    check = source_check(run)
+    if check is not None and check.collapsed_at is not None and check.mode == "stop":
+        return "source collapse"
+    if budget.stopped_early_at is not None:
+        return "deadline"
+    rules = budget.rules
+    if rules is not None and rules.max_epochs is not None and budget.plan["max_steps"] >= rules.max_updates:
+        return "epochs"
+    return "updates"
 
 
 def _data(run: PreparedRun) -> dict:

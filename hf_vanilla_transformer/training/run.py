@@ -23,7 +23,7 @@ from ..utils.distributed import main_process_value
 from ..utils.files import write_json_atomically
 from .arguments import ModelDataArguments, TransformerTrainingArguments
 from .averaging import average_last_checkpoints
-from .calibration import Measurement
+from .calibration import Measurement, Timing
 from .checkpoints import checkpoint_folders, latest_checkpoint, validate_checkpoint
 from .planning import BUDGET_FILE
 from .preparation import PreparedRun, prepare_run
@@ -112,11 +112,13 @@ def restart_of(run: PreparedRun) -> Restart:
         max_tokens_choices=None,
         precision=previous["precision"],
         attn_implementation=previous["attn_implementation"],
+        compile_training="always" if previous.get("torch_compile") else "never",
     )
     known = Measurement(
         previous["precision"],
         previous["attn_implementation"],
-        per_size={switch["max_tokens"]: switch["seconds_per_update"] / switch["accumulation"]},
+        previous.get("torch_compile", False),
+        per_size={switch["max_tokens"]: Timing(switch["seconds_per_update"] / switch["accumulation"])},
         reasons=[f"{previous['precision']}, {previous['attn_implementation']} attention, as calibrated"],
     )
     switched_from = {

@@ -1,5 +1,7 @@
 """The Trainer of the paper's recipe: the §5.3 learning-rate schedule, token-budget batches (§5.1), evaluation batches
-sorted by length, and checkpoints marked complete."""
+sorted by length, and checkpoints marked complete. On a GPU it keeps the device busy: batches prepared by worker
+processes into pinned memory, no host read of a tensor value in an update (the model's checks and padding skip step
+aside, the tokens seen are counted on the device and read at each log), TF32 where the plan chose it."""
 
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ from transformers import Seq2SeqTrainer
 from transformers.utils import logging as hf_logging
 
 from ..data.batching import TokenBudgetBatchSampler
+from ..model.inputs_vanilla_transformer import without_host_reads
 from .checkpoints import mark_complete
+from .collapse import source_dependence
+from .device import tf32_matmuls
 
 
 logger = logging.getLogger(__name__)
@@ -58,23 +63,63 @@ class TransformerTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` with token-budget batches (§5.1) and the §5.3 learning-rate schedule.
 
     `batch_sampler` (a `TokenBudgetBatchSampler`) replaces the fixed batch size for training; evaluation batches
-    are sorted by length too, so that beam search wastes little on padding.
+    are sorted by length too, so that beam search wastes little on padding. With `source_check`, each validation
+    also measures how much the predictions depend on their source (`collapse.source_dependence`: metrics
+    `eval_source_loss`, `eval_loss_shuffled_sources`, `eval_source_gain`).
     """
 
-    def __init__(self, *args, batch_sampler: TokenBudgetBatchSampler | None = None, **kwargs):
+    def __init__(
+        self, *args, batch_sampler: TokenBudgetBatchSampler | None = None, source_check: bool = False, **kwargs
+    ):
         super().__init__(*args, **kwargs)
         self.batch_sampler = batch_sampler
+        self.source_check = source_check
+        self._tokens_on_device: torch.Tensor | None = None  # tokens seen since the last log, on a GPU
+
+    def train(self, *args, **kwargs):
+        on_cuda = self.args.device.type == "cuda"
+        with tf32_matmuls(bool(self.args.tf32)) if on_cuda else contextlib.nullcontext():
+            return super().train(*args, **kwargs)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.args.device.type != "cuda":
+            return super().training_step(model, inputs, num_items_in_batch)
+        with without_host_reads():  # each read would wait for the queued kernels
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    def _track_num_input_tokens(self, inputs):
+        """The Trainer's count of the tokens seen, kept on a GPU until the next log or checkpoint (the Trainer reads
+        it on the host at every update, which waits for every queued kernel)."""
+        mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+        counting = self.args.include_num_input_tokens_seen
+        if self.args.device.type != "cuda" or counting == "no" or mask is None:
+            return super()._track_num_input_tokens(inputs)
+        count = mask.sum() if counting == "non_padding" else torch.tensor(mask.numel(), device=mask.device)
+        count = self.accelerator.gather(count.reshape(1).to(torch.int64)).sum()
+        self._tokens_on_device = count if self._tokens_on_device is None else self._tokens_on_device + count
+
+    def _read_tokens_seen(self) -> None:
+        if self._tokens_on_device is not None:
+            self.state.num_input_tokens_seen += int(self._tokens_on_device.item())
+            self._tokens_on_device = None
+
+    def log(self, logs, start_time=None):
+        self._read_tokens_seen()
+        return super().log(logs, start_time)
 
     def get_train_dataloader(self) -> DataLoader:
         if self.batch_sampler is None:
             return super().get_train_dataloader()
         dataset = self._remove_unused_columns(self.train_dataset, description="Training")
+        workers = self.args.dataloader_num_workers
         loader = DataLoader(
             dataset,
             batch_sampler=self.batch_sampler,
             collate_fn=self.data_collator,
-            num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory and torch.cuda.is_available(),
+            num_workers=workers,
+            pin_memory=self.args.dataloader_pin_memory and self.args.device.type == "cuda",
+            persistent_workers=self.args.dataloader_persistent_workers and workers > 0,
+            prefetch_factor=self.args.dataloader_prefetch_factor if workers > 0 else None,
         )
         # accelerate gives each process every num_processes-th batch; Trainer calls set_epoch on our sampler.
         return self.accelerator.prepare(loader)
@@ -90,6 +135,25 @@ class TransformerTrainer(Seq2SeqTrainer):
         loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=self.data_collator)
         return self.accelerator.prepare(loader)
 
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None, **kwargs):
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, **kwargs)
+        prefix = kwargs.get("metric_key_prefix", "eval")
+        if self.source_check and prefix == "eval":
+            training = self.model.training
+            self.model.eval()
+            found = source_dependence(
+                self.model,
+                dataloader,
+                self.autocast_smart_context_manager,
+                lambda totals: self.accelerator.reduce(totals, "sum"),
+            )
+            self.model.train(training)
+            if found is not None:
+                output.metrics.update(
+                    {f"{prefix}_{'source_loss' if name == 'loss' else name}": value for name, value in found.items()}
+                )
+        return output
+
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         # Seq2SeqTrainer fills the model's generation config with transformers' global defaults (max_length 20, ...)
         # in place; every checkpoint would then carry them. Evaluate on a copy and keep the model's own config.
@@ -102,6 +166,7 @@ class TransformerTrainer(Seq2SeqTrainer):
     def _save_checkpoint(self, model, trial) -> None:
         """`Trainer`'s checkpoint, then a `.complete` marker once every process has written its part, so that a
         checkpoint interrupted at any moment (SIGKILL included) is never mistaken for a complete one."""
+        self._read_tokens_seen()  # the checkpoint's trainer state holds the count
         with _without_nested_bars():
             super()._save_checkpoint(model, trial)
         folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"

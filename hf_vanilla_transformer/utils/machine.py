@@ -56,6 +56,14 @@ def describe_machine(device: str | torch.device | None = None) -> str:
     return f"{describe_cpu()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
 
 
+def describe_device(device: str | torch.device) -> str:
+    """The device a run trains on, in a few words: its GPU's name (CUDA), else the CPU's name and cores."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{cpu_name()}, {os.cpu_count()} cores"
+
+
 def children_peak_rss_bytes() -> int:
     """The largest peak resident memory of this process's children that have ended (worker processes)."""
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024

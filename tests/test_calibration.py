@@ -1,0 +1,162 @@
+"""The calibration's measurement (training/calibration.py) as a GPU needs it, proven on the CPU through its own code:
+every clock read waits for the device, every timed shape has been run before its steady update, a new shape's cost
+and what is paid once are told apart, the choices are staged and ranked as the budget ranks them, the model is left
+where it was; and the budget's arithmetic pays for the shapes a run meets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_vanilla_transformer.training import calibration
+from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
+from hf_vanilla_transformer.training.calibration import Timing, measure_choices, measure_updates
+from hf_vanilla_transformer.training.costs import updates_that_fit
+
+from conftest import random_ids, tiny_model
+
+
+def shaped_batches() -> list[dict]:
+    """Three training batches of different shapes (pairs x source x target)."""
+    return [
+        {"input_ids": random_ids(rows, source, seed=rows), "labels": random_ids(rows, target, seed=rows + 1)}
+        for rows, source, target in ((2, 5, 4), (3, 7, 6), (4, 3, 9))
+    ]
+
+
+def test_every_clock_read_waits_for_the_device_and_every_timed_shape_ran_before(monkeypatch):
+    """The events of a measurement, in order: a clock is read only right after the device was synchronised, each
+    candidate first runs on a shape no sample has, and each sample is timed twice in a row (cold, then warm)."""
+    events: list = []
+    model = tiny_model().train()
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: events.append(("run", kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    ticks = iter(range(1000))
+
+    def clock() -> float:
+        events.append("clock")
+        return float(next(ticks))
+
+    batches = shaped_batches()
+    measured = measure_updates(
+        model, batches, [("fp32", "eager", False)], clock=clock, synchronize=lambda: events.append("sync")
+    )
+    assert all(events[i - 1] == "sync" for i, event in enumerate(events) if event == "clock")
+    runs = [event[1] for event in events if event != "clock" and event != "sync"]
+    sampled = [tuple(batch["input_ids"].shape) for batch in batches]
+    assert tuple(runs[0]) not in sampled  # the warm-up shape
+    assert [tuple(shape) for shape in runs[1:]] == [shape for shape in sampled for _ in range(2)]
+    # Between two clock reads of a sample, exactly one update: 3 reads per sample (before, between, after).
+    assert events.count("clock") == 3 * len(batches)
+    assert measured["fp32/eager"] == Timing(steady=1.0, per_shape=0.0, once=0.0)  # every update took one tick
+
+
+def test_a_new_shapes_cost_and_what_is_paid_once_are_told_apart(monkeypatch):
+    """First updates of 5.0, 0.3, 0.3, 0.3 s against steady ones of 0.1 s: a new shape costs 0.2 s more (the median
+    of the differences), and the first 4.7 s more once (a compilation's first graph)."""
+    durations = iter([5.0, 0.1, 0.3, 0.1, 0.3, 0.1, 0.3, 0.1])
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    class Copy(calibration._Copy):
+        def update(self, batch):
+            if batch["input_ids"].shape[0] > 1:  # not the warm-up batch of one pair
+                now[0] += next(durations)
+
+    monkeypatch.setattr(calibration, "_Copy", Copy)
+    batches = [*shaped_batches(), shaped_batches()[0]]
+    measured = measure_updates(tiny_model(), batches, [("fp32", "eager", False)], clock=clock)
+    timing = measured["fp32/eager"]
+    assert timing.steady == pytest.approx(0.1)
+    assert timing.per_shape == pytest.approx(0.2)
+    assert timing.once == pytest.approx(4.7)
+
+
+def test_the_measurement_leaves_the_model_where_it_was():
+    model = tiny_model(seed=0)
+    model.set_attn_implementation("eager")
+    parameters = {name: (p.data_ptr(), p.device, p.dtype) for name, p in model.named_parameters()}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    was_training = model.training
+    recipe = ModelDataArguments(precision="fp32", attn_implementation="auto")
+    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
+    measurement = measure_choices(recipe, args, model, lambda size: shaped_batches(), [512], True)
+    assert measurement.precision == "fp32" and measurement.attention in ("eager", "sdpa")
+    assert {name: (p.data_ptr(), p.device, p.dtype) for name, p in model.named_parameters()} == parameters
+    assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
+    assert model.training == was_training and model.config._attn_implementation == "eager"
+
+
+def scripted(timings: dict[str, Timing], log: list):
+    """A `measure_updates` that returns the given timings and records which candidates it was asked for."""
+
+    def measure(model, batches, candidates, **kwargs):
+        log.append([calibration.candidate_key(*c) for c in candidates])
+        return {calibration.candidate_key(*c): timings[calibration.candidate_key(*c)] for c in candidates}
+
+    return measure
+
+
+def test_many_choices_are_measured_in_stages_and_ranked_by_what_the_run_pays(monkeypatch):
+    """Four precisions and three attentions (a GPU's): the precisions with sdpa first, then the attentions with the
+    best precision: 6 measured, not 12. sdpa in fp16 is the fastest steady update but pays 0.5 s for each new shape;
+    over a run that meets a new shape every 100 updates, bf16 with sdpa is cheaper, and is chosen."""
+    timings = {
+        "bf16/sdpa": Timing(0.010),
+        "fp16/sdpa": Timing(0.008, per_shape=0.5),
+        "tf32/sdpa": Timing(0.020),
+        "fp32/sdpa": Timing(0.040),
+        "bf16/eager": Timing(0.014),
+        "bf16/flex_attention": Timing(0.012, once=30.0),
+    }
+    log: list = []
+    monkeypatch.setattr(calibration, "measure_updates", scripted(timings, log))
+    monkeypatch.setattr(
+        calibration,
+        "open_choices",
+        lambda recipe, args, device: (["bf16", "fp16", "tf32", "fp32"], ["eager", "sdpa", "flex_attention"], [False]),
+    )
+    recipe = ModelDataArguments(precision="auto", attn_implementation="auto")
+    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
+
+    def rank(timing: Timing, size: int) -> float:  # 10,000 updates meeting 100 shapes
+        return timing.steady + (timing.per_shape * 100 + timing.once) / 10_000
+
+    measurement = measure_choices(recipe, args, tiny_model(), lambda size: shaped_batches(), [4096], True, None, rank)
+    assert log == [
+        ["bf16/sdpa", "fp16/sdpa", "tf32/sdpa", "fp32/sdpa"],
+        ["bf16/eager", "bf16/flex_attention"],
+    ]
+    assert (measurement.precision, measurement.attention, measurement.compiled) == ("bf16", "sdpa", False)
+    assert measurement.reasons[0].startswith(
+        "bf16: 10.0 ms per update against 8.0 ms (+0.50 s a new batch shape) in fp16"
+    )
+    assert "flex_attention" in measurement.reasons[1] and "(+30 s once)" in measurement.reasons[1]
+    assert set(measurement.measured) == {f"{key}@4096" for key in timings}
+
+
+def test_a_compiled_step_is_measured_only_where_a_long_run_on_cuda_may_pay_for_it():
+    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    short = ModelDataArguments(max_minutes=26)
+    long = ModelDataArguments(max_minutes=120)
+    assert calibration.compile_choices(short, args, cuda) == [False]
+    assert calibration.compile_choices(long, args, cuda) == [False, True]
+    assert calibration.compile_choices(long, args, cpu) == [False]  # measured slower on CPUs (docs/speed.md)
+    assert calibration.compile_choices(ModelDataArguments(max_minutes=26, compile_training="always"), args, cpu) == [
+        True
+    ]
+    assert calibration.compile_choices(ModelDataArguments(compile_training="never"), args, cuda) == [False]
+
+
+def test_the_updates_that_fit_pay_for_the_new_shapes_they_meet():
+    # 100 s at 0.1 s an update: 1,000 updates; each update meeting a new shape at 0.1 s more halves them, and a
+    # one-time 50 s leaves 250.
+    assert updates_that_fit(100.0, 0.1) == 1000
+    assert updates_that_fit(100.0, 0.1, first_costs=lambda n: 0.1 * n) == 500
+    assert updates_that_fit(100.0, 0.1, first_costs=lambda n: 50.0 + 0.1 * n if n else 0.0) == 250
+    # 20 shapes in all, 1 s each: paid once the run has met them all.
+    assert updates_that_fit(100.0, 0.1, first_costs=lambda n: float(min(n, 20))) == 800

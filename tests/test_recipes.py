@@ -1,0 +1,118 @@
+"""The recipes as the run reads them (training/recipes.py, arguments.py, schedule.py): the main job's recipe chosen
+by the machine, the GPU recipe's values, lists of choices honoured or refused by name (never dropped), and a
+learning rate that follows the model the planner picks (§5.3)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_vanilla_transformer.training import recipes
+from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
+from hf_vanilla_transformer.training.recipes import machine_recipe, parse_arguments
+from hf_vanilla_transformer.training.schedule import lr_scale_for, peak_learning_rate
+
+
+def parse(tmp_path, *flags: str, recipe: str | None = "cpu"):
+    return parse_arguments(["--output_dir", str(tmp_path), *flags], default_recipe=recipe)
+
+
+def test_the_main_job_runs_the_gpu_recipe_where_pytorch_sees_a_cuda_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert machine_recipe() == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert machine_recipe() == "gpu"
+
+
+def test_the_gpu_recipe_chooses_among_the_papers_sizes_up_to_the_papers_batch(tmp_path):
+    recipe, args = parse(tmp_path, recipe="gpu")
+    assert (recipe.preset, recipe.preset_choices) == ("big", "big,base,small")
+    assert (recipe.max_tokens, recipe.max_tokens_choices) == (25000, "25000,12500,8192,4096")
+    assert (recipe.precision, recipe.attn_implementation, recipe.compile_training) == ("auto", "auto", "auto")
+    assert (recipe.max_minutes, recipe.max_epochs, recipe.min_updates, recipe.dropout) == (26, 50, 6000, None)
+    assert (args.warmup_steps, recipe.lr_scale, recipe.peak_learning_rate) == (4000, 1.0, None)
+    assert not args.use_cpu and args.dataloader_num_workers == 4 and args.dataloader_persistent_workers
+    assert not args.logging_nan_inf_filter  # the Trainer would read every update's loss on the host
+
+
+def test_a_list_of_choices_given_is_honoured_and_a_recipes_list_gives_way_to_a_value_given(tmp_path):
+    # The issue's run: --preset_choices base,small over the CPU recipe measured only small.
+    recipe, _ = parse(tmp_path, "--preset_choices", "base,small", "--max_tokens_choices", "8192,4096")
+    assert (recipe.preset, recipe.preset_choices) == ("base", "base,small")
+    assert (recipe.max_tokens, recipe.max_tokens_choices) == (8192, "8192,4096")
+    # A value given over a recipe's list trains that value: --preset tiny over the CPU recipe trains tiny.
+    recipe, _ = parse(tmp_path, "--preset", "tiny", "--max_tokens", "300")
+    assert (recipe.preset, recipe.preset_choices, recipe.max_tokens, recipe.max_tokens_choices) == (
+        "tiny",
+        None,
+        300,
+        None,
+    )
+    # Restating the recipe's own first choice keeps its list.
+    recipe, _ = parse(tmp_path, "--preset", "small")
+    assert recipe.preset_choices == "small,compact"
+    # A given length has nothing to choose by: the recipe's lists give way.
+    recipe, _ = parse(tmp_path, "--max_steps", "30")
+    assert recipe.preset_choices is None and recipe.max_tokens_choices is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--preset_choices", "base,small", "--max_steps", "30"], "preset_choices='base,small' needs a time budget"),
+        (["--max_tokens_choices", "4096,2048", "--max_steps", "30"], "max_tokens_choices='4096,2048' needs a time"),
+        (
+            ["--preset", "big", "--preset_choices", "base,small"],
+            "--preset big and --preset_choices base,small disagree",
+        ),
+        (["--max_tokens", "512", "--max_tokens_choices", "4096,2048"], "--max_tokens 512 and --max_tokens_choices"),
+        (["--preset_choices", "base,huge"], r"preset_choices='base,huge' is invalid"),
+        (["--preset_choices", "base", "--model_name_or_path", "runs/x"], "cannot apply to the saved model 'runs/x'"),
+    ],
+)
+def test_a_list_of_choices_the_run_cannot_honour_is_named(tmp_path, flags, message):
+    with pytest.raises(ValueError, match=message):
+        parse(tmp_path, *flags)
+
+
+def test_a_recipe_files_peak_belongs_to_its_own_preset(tmp_path):
+    recipe, _ = parse(tmp_path, "--preset", "base")
+    assert (recipe.peak_learning_rate, recipe.peak_learning_rate_preset) == (0.0019764, "small")
+    recipe, _ = parse(tmp_path, "--peak_learning_rate", "0.001")  # given here: the run's own preset's
+    assert recipe.peak_learning_rate_preset is None
+
+
+def rate(recipe: ModelDataArguments, d_model: int, warmup: int = 1000, tokens: int = 2048, nominal: int = 1000):
+    args = TransformerTrainingArguments(output_dir="unused", warmup_steps=nominal, use_cpu=True)
+    return peak_learning_rate(lr_scale_for(recipe, args, warmup, tokens, d_model), d_model, warmup)
+
+
+def test_the_learning_rate_follows_the_model_the_planner_picks():
+    """The CPU recipe's 1.9764e-3 is §5.3's peak for d_model 256 at warmup 1,000 (lr_scale 1): base gets 1.40e-3,
+    big 0.99e-3, compact 2.28e-3 (the issue's base run collapsed at the small model's 1.98e-3)."""
+    cpu = ModelDataArguments(preset="small", peak_learning_rate=0.0019764, peak_learning_rate_preset="small")
+    assert rate(cpu, 256) == pytest.approx(1.9764e-3)
+    assert rate(cpu, 512) == pytest.approx(1.3975e-3, rel=1e-4)
+    assert rate(cpu, 1024) == pytest.approx(0.9882e-3, rel=1e-4)
+    assert rate(cpu, 192) == pytest.approx(2.2821e-3, rel=1e-4)
+    # Without a named preset, the peak is --preset's: the paper's lr_scale 1 gives base 7.0e-4 at warmup 4,000.
+    paper = ModelDataArguments(preset="base")
+    assert rate(paper, 512, warmup=4000, nominal=4000) == pytest.approx(6.988e-4, rel=1e-3)
+    assert rate(ModelDataArguments(preset="base", peak_learning_rate=1e-3), 1024) == pytest.approx(0.7071e-3, rel=1e-4)
+
+
+def test_a_cut_warmup_climbs_the_same_ramp_and_a_reference_batch_scales_the_rate():
+    # Warmup 4,000 cut to 1,000 (a short run): the rate at update 1,000 of the paper's ramp, a quarter of its peak.
+    paper = ModelDataArguments(preset="base")
+    assert rate(paper, 512, warmup=1000, nominal=4000) == pytest.approx(6.988e-4 / 4, rel=1e-3)
+    # Named at 25,000 tokens per update: an update of 6,250 tokens gets half the rate (the square root of 1/4).
+    scaled = ModelDataArguments(preset="base", lr_reference_tokens=25000)
+    assert rate(scaled, 512, warmup=4000, tokens=6250, nominal=4000) == pytest.approx(6.988e-4 / 2, rel=1e-3)
+
+
+def test_the_plan_line_names_the_recipe_and_the_machine(tmp_path, monkeypatch):
+    from hf_vanilla_transformer.training.planning import _where
+
+    recipe, args = parse(tmp_path)
+    assert _where(recipe, args).startswith("recipe cpu on ") and "cores" in _where(recipe, args)
+    assert recipes.RECIPES_DIR.joinpath("gpu.yaml").is_file()
