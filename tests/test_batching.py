@@ -165,16 +165,26 @@ def test_20000_pairs_give_the_pinned_batches(max_tokens, max_sentences, epoch, c
     assert round(sampler.tokens_per_batch(), 4) == padded
 
 
-def test_the_calibration_spread_spans_the_batch_sizes_of_the_epoch():
+def test_the_calibration_sample_spans_the_batch_sizes_with_shapes_of_its_own():
     source, target = lengths(3000, seed=3)
     sampler = TokenBudgetBatchSampler(source, target, max_tokens=600, seed=4)
     served = list(sampler)  # epoch 0
-    assert sampler.spread(10**6) == served  # fewer batches than asked: all of them, in the order served
-    assert sampler.spread(1) == [min(served, key=len)]
-    spread = sampler.spread(5)
-    assert [len(batch) for batch in spread] == [5, 11, 13, 19, 75]  # from the fewest pairs to the most
+
+    def shape(batch):
+        return (len(batch), max(source[i] for i in batch), max(target[i] for i in batch))
+
+    distinct = {shape(batch) for batch in served}
+    everything = sampler.shape_sample(10**6)  # fewer shapes than asked: one batch of each
+    assert len(everything) == len(distinct) == 171 and all(batch in served for batch in everything)
+    assert sampler.shape_sample(1) == [min(served, key=len)]
+    taken: set = set()
+    first = sampler.shape_sample(5, taken=taken)
+    assert [len(batch) for batch in first] == [5, 11, 13, 20, 75]  # from the fewest pairs to the most
     assert (min(map(len, served)), max(map(len, served))) == (5, 75)
-    assert all(batch in served for batch in spread)
+    second = sampler.shape_sample(5, taken=taken)  # a second candidate's: none of the first's shapes
+    assert len(taken) == 10 and not {shape(b) for b in first} & {shape(b) for b in second}
+    rounded = sampler.shape_sample(10**6, multiple=8)
+    assert len(rounded) < len(distinct)  # rounded up to multiples of 8, shapes merge
 
 
 def test_the_batch_shapes_are_counted_as_the_collator_pads_them():

@@ -499,7 +499,9 @@ def test_the_budget_callback_replans_after_its_first_updates_and_after_each_vali
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
     state, control = TrainerState(max_steps=12404, global_step=0), TrainerControl()
     callback.on_train_begin(args, state, control)
-    assert (state.max_steps, state.save_steps, state.eval_steps) == (3101, 259, 518)  # the plan's, not the bound
+    assert state.max_steps == 3101  # the plan's, not the bound
+    assert (callback.plan["save_steps"], callback.plan["eval_steps"]) == (259, 518)
+    assert state.save_steps == 0  # spaced by the callback from the last event, not by the Trainer's multiples
     for step in range(1, 126):  # 0.27 s per update where 0.41 was planned
         clock[0] += 0.27
         state.global_step = step
@@ -507,7 +509,7 @@ def test_the_budget_callback_replans_after_its_first_updates_and_after_each_vali
     first = callback.plan["replans"][0]
     assert first["at"] == 125 and first["was"] == 3101 and first["seconds_per_update"] == pytest.approx(0.27)
     assert state.max_steps == callback.plan["max_steps"] == first["max_steps"] > 4000
-    assert state.save_steps == callback.plan["save_steps"] and callback.plan["warmup_steps"] == 1000
+    assert callback.plan["save_steps"] > 259 and callback.plan["warmup_steps"] == 1000
     assert json.loads((tmp_path / "budget.json").read_text())["max_steps"] == state.max_steps  # recorded
     # A validation that decodes slower than planned: the test decoding is predicted longer, the run shorter.
     clock[0] += 60.0
@@ -642,3 +644,35 @@ def test_a_run_switched_at_its_first_check_starts_again_with_the_choice_and_reco
     assert results["recipe"]["preset_choices"] == "small,tiny"  # what the user asked for, still
     steps = [int(p.name.split("-")[1]) for p in (tmp_path / "run").glob("checkpoint-*")]
     assert max(steps) == results["training"]["steps"] and min(steps) >= plan["save_steps"]  # only the second run's
+
+
+def test_a_budgeted_runs_checkpoints_and_validations_are_spaced_from_the_last_one(tmp_path):
+    """A re-plan that changes the spacing keeps the count per run: the next event comes a spacing after the last
+    one, not at the next multiple of the new spacing (the Trainer's rule, which added validations and put two
+    checkpoints 60 updates apart into the average of a main job)."""
+    from transformers import TrainingArguments
+
+    plan = {**PLANNED, "save_steps": 100, "eval_steps": 200}
+    callback = TimeBudgetCallback(
+        plan, deadline_seconds=10**6, rules=dataclasses.replace(REFIT_RULES, first_check=10**9)
+    )
+    callback._replan = lambda *args, **kwargs: None  # the spacing is set by hand below
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    state = TrainerState(max_steps=12404, global_step=0)
+    callback.on_train_begin(args, state, TrainerControl())
+    events = []
+    for step in range(1, 1001):
+        state.global_step = step
+        if step == 350:  # a re-plan: checkpoints every 130, validations every 260
+            callback.plan = {**callback.plan, "save_steps": 130, "eval_steps": 260}
+        control = callback.on_step_end(args, state, TrainerControl())
+        if control.should_evaluate:
+            events.append(("validation", step))
+            callback.on_evaluate(args, state, control)
+        if control.should_save:
+            events.append(("checkpoint", step))
+            callback.on_save(args, state, control)
+    saves = [step for kind, step in events if kind == "checkpoint"]
+    validations = [step for kind, step in events if kind == "validation"]
+    assert saves == [100, 200, 300, 430, 560, 690, 820, 950]
+    assert validations == [200, 430, 690, 950]  # at a checkpoint, once its spacing has (nearly) passed

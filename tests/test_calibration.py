@@ -11,7 +11,9 @@ import torch
 from hf_vanilla_transformer.training import calibration
 from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
 from hf_vanilla_transformer.training.calibration import Timing, measure_choices, measure_updates
+from hf_vanilla_transformer.training.callbacks import TimeBudgetCallback
 from hf_vanilla_transformer.training.costs import updates_that_fit
+from hf_vanilla_transformer.training.replanning import RefitRules, refit
 
 from conftest import random_ids, tiny_model
 
@@ -26,7 +28,8 @@ def shaped_batches() -> list[dict]:
 
 def test_every_clock_read_waits_for_the_device_and_every_timed_shape_ran_before(monkeypatch):
     """The events of a measurement, in order: a clock is read only right after the device was synchronised, each
-    candidate first runs on a shape no sample has, and each sample is timed twice in a row (cold, then warm)."""
+    candidate first runs on a shape no sample has, and each sample is timed as a new shape, then again after the
+    others of its round (cold, then warm: not right after its first update, as the Trainer meets a shape again)."""
     events: list = []
     model = tiny_model().train()
     model.register_forward_pre_hook(
@@ -46,16 +49,18 @@ def test_every_clock_read_waits_for_the_device_and_every_timed_shape_ran_before(
     runs = [event[1] for event in events if event != "clock" and event != "sync"]
     sampled = [tuple(batch["input_ids"].shape) for batch in batches]
     assert tuple(runs[0]) not in sampled  # the warm-up shape
-    assert [tuple(shape) for shape in runs[1:]] == [shape for shape in sampled for _ in range(2)]
-    # Between two clock reads of a sample, exactly one update: 3 reads per sample (before, between, after).
-    assert events.count("clock") == 3 * len(batches)
+    first, second, third = sampled  # two rounds: the first two batches, then the third
+    assert [tuple(shape) for shape in runs[1:]] == [first, second, second, first, third, third]
+    # Two clock reads around each timed update, none around the warm-up.
+    assert events.count("clock") == 2 * 2 * len(batches)
     assert measured["fp32/eager"] == Timing(steady=1.0, per_shape=0.0, once=0.0)  # every update took one tick
 
 
 def test_a_new_shapes_cost_and_what_is_paid_once_are_told_apart(monkeypatch):
     """First updates of 5.0, 0.3, 0.3, 0.3 s against steady ones of 0.1 s: a new shape costs 0.2 s more (the median
     of the differences), and the first 4.7 s more once (a compilation's first graph)."""
-    durations = iter([5.0, 0.1, 0.3, 0.1, 0.3, 0.1, 0.3, 0.1])
+    # Two rounds of two batches: the cold updates of a round, then its warm ones in reverse order.
+    durations = iter([5.0, 0.3, 0.1, 0.1, 0.3, 0.3, 0.1, 0.1])
     now = [0.0]
 
     def clock() -> float:
@@ -83,7 +88,7 @@ def test_the_measurement_leaves_the_model_where_it_was():
     was_training = model.training
     recipe = ModelDataArguments(precision="fp32", attn_implementation="auto")
     args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
-    measurement = measure_choices(recipe, args, model, lambda size: shaped_batches(), [512], True)
+    measurement = measure_choices(recipe, args, model, lambda size, count, taken: shaped_batches(), [512], True)
     assert measurement.precision == "fp32" and measurement.attention in ("eager", "sdpa")
     assert {name: (p.data_ptr(), p.device, p.dtype) for name, p in model.named_parameters()} == parameters
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
@@ -93,7 +98,7 @@ def test_the_measurement_leaves_the_model_where_it_was():
 def scripted(timings: dict[str, Timing], log: list):
     """A `measure_updates` that returns the given timings and records which candidates it was asked for."""
 
-    def measure(model, batches, candidates, **kwargs):
+    def measure(model, batches, candidates, *args, **kwargs):
         log.append([calibration.candidate_key(*c) for c in candidates])
         return {calibration.candidate_key(*c): timings[calibration.candidate_key(*c)] for c in candidates}
 
@@ -125,11 +130,18 @@ def test_many_choices_are_measured_in_stages_and_ranked_by_what_the_run_pays(mon
     def rank(timing: Timing, size: int) -> float:  # 10,000 updates meeting 100 shapes
         return timing.steady + (timing.per_shape * 100 + timing.once) / 10_000
 
-    measurement = measure_choices(recipe, args, tiny_model(), lambda size: shaped_batches(), [4096], True, None, rank)
+    handed: list = []
+
+    def sample(size: int, count: int, taken: set) -> list[dict]:
+        handed.append(count)
+        return shaped_batches()
+
+    measurement = measure_choices(recipe, args, tiny_model(), sample, [4096], True, None, rank)
     assert log == [
         ["bf16/sdpa", "fp16/sdpa", "tf32/sdpa", "fp32/sdpa"],
         ["bf16/eager", "bf16/flex_attention"],
     ]
+    assert handed == [4 * calibration.SAMPLE_BATCHES, 2 * calibration.SAMPLE_BATCHES]  # shapes of their own
     assert (measurement.precision, measurement.attention, measurement.compiled) == ("bf16", "sdpa", False)
     assert measurement.reasons[0].startswith(
         "bf16: 10.0 ms per update against 8.0 ms (+0.50 s a new batch shape) in fp16"
@@ -160,3 +172,59 @@ def test_the_updates_that_fit_pay_for_the_new_shapes_they_meet():
     assert updates_that_fit(100.0, 0.1, first_costs=lambda n: 50.0 + 0.1 * n if n else 0.0) == 250
     # 20 shapes in all, 1 s each: paid once the run has met them all.
     assert updates_that_fit(100.0, 0.1, first_costs=lambda n: float(min(n, 20))) == 800
+
+
+def test_a_candidate_that_cannot_run_is_left_out_with_its_reason(monkeypatch):
+    """Out of memory on one candidate (fp32 big at 25k tokens on a small GPU, say): the others are measured and the
+    plan says why it was left out; where none runs, the error names every failure."""
+
+    class Copy(calibration._Copy):
+        def update(self, batch):
+            if self.key == "fp32/sdpa":
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+            super().update(batch)
+
+    monkeypatch.setattr(calibration, "_Copy", Copy)
+    recipe = ModelDataArguments(precision="fp32", attn_implementation="auto")
+    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
+    sample = lambda size, count, taken: shaped_batches()  # noqa: E731
+    measurement = measure_choices(recipe, args, tiny_model(), sample, [512], True)
+    assert measurement.attention == "eager"
+    assert measurement.reasons[0] == "fp32/sdpa left out: out of memory"
+    assert set(measurement.measured) == {"fp32/eager@512"}
+    monkeypatch.setattr(Copy, "update", lambda self, batch: (_ for _ in ()).throw(RuntimeError("no kernel")))
+    with pytest.raises(ValueError, match="no training update runs on cpu: fp32/eager: no kernel; fp32/sdpa: no kernel"):
+        measure_choices(recipe, args, tiny_model(), sample, [512], True)
+
+
+def test_flash_attention_is_measured_in_16_bits_only(monkeypatch):
+    log: list = []
+    timings = {"fp32/sdpa": Timing(0.01), "fp16/sdpa": Timing(0.02), "fp32/eager": Timing(0.03)}
+    monkeypatch.setattr(calibration, "measure_updates", scripted(timings, log))
+    monkeypatch.setattr(
+        calibration,
+        "open_choices",
+        lambda recipe, args, device: (["fp16", "fp32"], ["eager", "sdpa", "flash_attention_2"], [False]),
+    )
+    recipe = ModelDataArguments(precision="auto", attn_implementation="auto")
+    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
+    sample = lambda size, count, taken: shaped_batches()  # noqa: E731
+    measurement = measure_choices(recipe, args, tiny_model(), sample, [4096], True)
+    assert log == [["fp16/sdpa", "fp32/sdpa"], ["fp32/eager"]]  # fp32 won: flash (16 bits only) is not tried
+    assert (measurement.precision, measurement.attention) == ("fp32", "sdpa")
+
+
+def test_a_replan_counts_the_new_shapes_met_and_charges_only_those_still_to_come():
+    """On a GPU the first updates meet most of the run's shapes: the Trainer's mean is then above its steady time,
+    and charging it to every update still to come would cut the run short."""
+    shapes = lambda batches: float(min(batches, 100))  # noqa: E731  (100 shapes, all met in the first 100 batches)
+    rules = RefitRules(None, None, 100, None, False, None, first_check=50, accumulation=1, shapes_met=shapes)
+    plan = {"max_steps": 500, "warmup_steps": 10, "save_steps": 100, "eval_steps": None, "seconds_per_new_shape": 0.1}
+    callback = TimeBudgetCallback(plan, deadline_seconds=100.0, rules=rules)
+    callback.meter.first, callback.meter.updates, callback.meter.seconds = 0, 45, 9.0  # updates 6-50: 0.2 s each
+    # 45 of them met a new shape (0.1 s each): a steady update takes 0.1 s.
+    assert callback._steady_rate(50) == pytest.approx(0.1)
+    # 97 s usable at 0.1 s: the 50 shapes still to come cost 5 s, so 920 updates fit, not 970.
+    assert refit(plan, rules, 50, 0.1, 100.0, 0.0, 0.0)["max_steps"] == 50 + 920
+    no_shapes = RefitRules(None, None, 100, None, False, None, first_check=50)
+    assert refit(plan, no_shapes, 50, 0.1, 100.0, 0.0, 0.0)["max_steps"] == 50 + 970

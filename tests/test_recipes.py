@@ -4,6 +4,8 @@ learning rate that follows the model the planner picks (§5.3)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -19,9 +21,12 @@ def parse(tmp_path, *flags: str, recipe: str | None = "cpu"):
 
 def test_the_main_job_runs_the_gpu_recipe_where_pytorch_sees_a_cuda_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert machine_recipe() == "cpu"
+    assert machine_recipe([]) == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert machine_recipe() == "gpu"
+    assert machine_recipe([]) == machine_recipe(["--seed", "1"]) == "gpu"
+    for asked in (["--use_cpu", "true"], ["--use_cpu"], ["--use_cpu=True"]):  # the CPU asked for on a GPU machine
+        assert machine_recipe(asked) == "cpu", asked
+    assert machine_recipe(["--use_cpu", "false"]) == "gpu"
 
 
 def test_the_gpu_recipe_chooses_among_the_papers_sizes_up_to_the_papers_batch(tmp_path):
@@ -80,6 +85,51 @@ def test_a_recipe_files_peak_belongs_to_its_own_preset(tmp_path):
     assert (recipe.peak_learning_rate, recipe.peak_learning_rate_preset) == (0.0019764, "small")
     recipe, _ = parse(tmp_path, "--peak_learning_rate", "0.001")  # given here: the run's own preset's
     assert recipe.peak_learning_rate_preset is None
+
+
+def test_a_run_started_again_with_another_size_keeps_the_peaks_owner(tmp_path):
+    """A switch to a larger model gives it the §5.3 rate of its width, from the peak the user named for the size
+    they gave, not that peak itself."""
+    from types import SimpleNamespace
+
+    from hf_vanilla_transformer.training.run import restart_of
+
+    recipe, args = parse(tmp_path, "--preset_choices", "small,compact", "--peak_learning_rate", "0.002")
+    plan = {"precision": "fp32", "attn_implementation": "sdpa", "max_tokens": 1024, "seconds_per_update": 0.5}
+    switch = {"preset": "small", "max_tokens": 2048, "seconds_per_update": 0.4, "accumulation": 1}
+    budget = SimpleNamespace(
+        switch=switch, plan={**plan, "preset": "compact"}, meter=SimpleNamespace(seconds_per_update=0.3)
+    )
+    run = SimpleNamespace(recipe=dataclasses.replace(recipe, preset="compact"), args=args, budget=budget)
+    run.trainer = SimpleNamespace(state=SimpleNamespace(global_step=200))
+    restart = restart_of(run)
+    assert restart.recipe.preset == "small" and restart.recipe.peak_learning_rate_preset == "compact"
+
+
+def test_an_explicit_mixed_precision_fixes_what_auto_would_measure(tmp_path):
+    assert parse(tmp_path)[0].precision == "auto"
+    assert parse(tmp_path, "--fp16", "true")[0].precision == "fp16"  # (refused on a CPU when the plan is made)
+    assert parse(tmp_path, "--bf16", "true")[0].precision == "bf16"
+    assert parse(tmp_path, "--bf16", "false")[0].precision == "fp32"
+
+
+def test_the_training_collator_makes_the_models_decoder_inputs_without_the_model():
+    """Data-loading workers get a copy of the collator: it holds two token ids, not the model (on a GPU)."""
+    from transformers import DataCollatorForSeq2Seq
+
+    from hf_vanilla_transformer.training.preparation import training_collator
+
+    from conftest import reversal_task, tiny_model
+
+    tokenizer, dataset = reversal_task()
+    model = tiny_model(vocab_size=len(tokenizer))
+    features = [dataset[i] for i in range(4)]
+    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
+    collator = training_collator(tokenizer, model, args)
+    assert not isinstance(collator.model, torch.nn.Module)
+    ours, reference = collator(features), DataCollatorForSeq2Seq(tokenizer, model=model)(features)
+    for key in ("input_ids", "labels", "decoder_input_ids"):
+        assert torch.equal(ours[key], reference[key]), key
 
 
 def rate(recipe: ModelDataArguments, d_model: int, warmup: int = 1000, tokens: int = 2048, nominal: int = 1000):

@@ -210,19 +210,27 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         return len(self.starts)
 
-    def spread(self, count: int) -> list[list[int]]:
+    def shape_sample(self, count: int, multiple: int = 1, taken: set | None = None) -> list[list[int]]:
         """`count` batches of epoch 0 spread evenly over the batch sizes (ranked by their number of pairs, ties in
-        the order served): a sample whose mean update time is close to the epoch's. The same batches as
-        `calibration_batches(list(self), count)` at epoch 0, without building the others."""
+        the order served), each of a padded shape (pairs, longest source, longest target, the lengths rounded up to
+        `multiple`) that no other of them has and that `taken` does not hold; their shapes are added to `taken`.
+        Fewer where the epoch has fewer such shapes. The calibration times each candidate on shapes of its own: a
+        shape one candidate met is warm for the next (cuDNN plans, oneDNN primitives, the allocator's blocks)."""
+        taken = set() if taken is None else taken
         rng = np.random.default_rng([self.sampler.seed, 0])
         order = self.sampler.order(rng)
         served = rng.permutation(len(self.starts)) if self.shuffle else np.arange(len(self.starts))
-        if len(served) > count:
-            ranked = served[np.argsort((self.ends - self.starts)[served], kind="stable")]
-            served = (
-                ranked[[round(i * (len(ranked) - 1) / (count - 1)) for i in range(count)]] if count > 1 else ranked[:1]
-            )
-        return [order[self.starts[batch] : self.ends[batch]].tolist() for batch in served]
+        pairs = self.ends - self.starts
+        ranked = served[np.argsort(pairs[served], kind="stable")]
+        sources, targets = (-(-lengths // multiple) * multiple for lengths in self._longest)
+        shapes = np.stack([pairs, sources, targets], axis=1)[ranked]
+        _, first = np.unique(shapes, axis=0, return_index=True)  # each shape's first batch in the ranking
+        fresh = [(int(ranked[i]), tuple(shapes[i].tolist())) for i in np.sort(first)]
+        fresh = [(batch, shape) for batch, shape in fresh if shape not in taken]
+        if len(fresh) > count:
+            fresh = [fresh[round(i * (len(fresh) - 1) / (count - 1))] for i in range(count)] if count > 1 else fresh[:1]
+        taken.update(shape for _, shape in fresh)
+        return [order[self.starts[batch] : self.ends[batch]].tolist() for batch, _ in fresh]
 
     def shape_counts(self, multiple: int = 1) -> np.ndarray:
         """How many of the epoch's batches have each distinct padded shape (pairs, longest source, longest target),

@@ -63,7 +63,7 @@ def _warning(results: dict) -> str:
     return (
         f"\n> **Warning: this model does not use its source.** At update {collapsed['step']:,} its validation loss was "
         f"{collapsed['loss']:.3f} with the real sources and {collapsed['loss_shuffled_sources']:.3f} with them "
-        f"shuffled (a gain of {collapsed['source_gain']:.3f} nats per token, below {check['gain_at_least']}): it "
+        f"shuffled (a gain of {collapsed['source_gain']:.3f} nats per token, below {check['nothing_below']}): it "
         "translates every sentence alike. Train it again with a lower peak learning rate or a longer warmup.\n"
     )
 

@@ -8,10 +8,13 @@ The clock is read the way the Trainer pays:
    asynchronously, and a clock around unsynchronised work reads the time it took to queue them;
 2. each candidate first runs an update on a batch of a shape no sampled batch has (first allocations, library
    handles), untimed;
-3. each sampled batch, a spread of the run's real batches, is timed twice in a row: its first update pays what a new
-   batch shape costs (cuDNN plans, a compiled graph, memory not yet held), its second does not. An update of a known
-   shape takes the mean of the second ones (`Timing.steady`); a new shape adds the median of the differences
-   (`per_shape`), and what the first updates cost beyond that is paid once (`once`: a compilation's first graphs).
+3. each candidate is timed on `SAMPLE_BATCHES` of the run's real batches, spread over their sizes, of shapes of its
+   own (a shape one candidate met is warm for the next: cuDNN plans and oneDNN primitives are the process's): each
+   batch once as a new shape (cold), then, after the others (as the Trainer meets a shape again: not right after
+   its first), once more (warm). An update of a known shape takes the mean of the warm ones (`Timing.steady`); a
+   new shape adds the median of the differences (`per_shape`), and what the first updates cost beyond that is paid
+   once (`once`: a compilation's first graphs);
+4. a candidate that fails (out of memory, a kernel the GPU lacks) is left out, with the reason.
 
 `planning.py` counts the shapes a run meets from its own batches, so the figures predict the Trainer's time. Every
 measurement runs on copies of the model, which is left untouched where it is, as is the global random state: the run
@@ -40,22 +43,26 @@ from .device import check_precision, device_precisions, forward_context, synchro
 # length): compiling the run's batch shapes costs minutes on a GPU, and the CPU's was measured slower than eager
 # (docs/speed.md).
 COMPILE_AFTER_MINUTES = 60
-SAMPLE_BATCHES = 8  # real batches timed per candidate, each twice
+COMPILE_AFTER_UPDATES = 10_000  # (a run of a given length)
+SAMPLE_BATCHES = 6  # real batches timed per candidate, each twice
 MAX_CROSSED = 4  # at most this many (precision, attention) pairs are measured crossed; more go in two stages
 
 
 @dataclass(frozen=True)
 class Timing:
     """Seconds of an update: of a batch shape met before (`steady`), the extra of each new shape (`per_shape`), and
-    what the first updates cost once beyond that (`once`)."""
+    what the first updates cost once beyond that (`once`); a candidate that could not run has a `failure` (and no
+    finite time)."""
 
     steady: float
     per_shape: float = 0.0
     once: float = 0.0
+    failure: str | None = None
 
     def scaled(self, factor: float) -> Timing:
-        """The update of `factor` batches (accumulation): steady and per-shape costs times `factor`."""
-        return Timing(self.steady * factor, self.per_shape, self.once)
+        """The update of `factor` batches (accumulation): the steady time times `factor` (new shapes are counted
+        and paid by batch)."""
+        return Timing(self.steady * factor, self.per_shape, self.once, self.failure)
 
 
 Candidate = tuple[str, str | None, bool]  # (precision, attention implementation, compiled)
@@ -94,20 +101,29 @@ def open_choices(recipe, args, device: torch.device) -> tuple[list[str], list[st
     if recipe.attn_implementation == "auto":
         attentions = ["eager", "sdpa"]
         if device.type == "cuda":
-            attentions += ["flex_attention", *(["flash_attention_2"] if is_flash_attn_2_available() else [])]
+            flash = is_flash_attn_2_available() and torch.cuda.get_device_capability(device)[0] >= 8
+            attentions += ["flex_attention", *(["flash_attention_2"] if flash else [])]
     else:
         attentions = [recipe.attn_implementation]
     return precisions, attentions, compile_choices(recipe, args, device)
 
 
+def runs_in(precision: str, attention: str | None) -> bool:
+    """Whether `attention` runs in `precision`: flash attention has 16-bit kernels only."""
+    return attention != "flash_attention_2" or precision in ("bf16", "fp16")
+
+
 def compile_choices(recipe, args, device: torch.device) -> list[bool]:
     """Whether the training step is compiled (`compile_training`; `--torch_compile true` is "always"): "auto"
-    measures both on a CUDA device where the run trains for at least `COMPILE_AFTER_MINUTES` (or has a given
-    length), else stays eager."""
+    measures both on a CUDA device where the run trains for at least `COMPILE_AFTER_MINUTES` (a run of a given
+    length: `COMPILE_AFTER_UPDATES`), else stays eager."""
     choice = "always" if args.torch_compile else recipe.compile_training
     if choice != "auto":
         return [choice == "always"]
-    long_enough = recipe.max_minutes is None or args.max_steps > 0 or recipe.max_minutes >= COMPILE_AFTER_MINUTES
+    if args.max_steps > 0:
+        long_enough = args.max_steps >= COMPILE_AFTER_UPDATES
+    else:
+        long_enough = recipe.max_minutes is None or recipe.max_minutes >= COMPILE_AFTER_MINUTES
     return [False, True] if device.type == "cuda" and long_enough else [False]
 
 
@@ -115,17 +131,19 @@ def measure_choices(
     recipe,
     args,
     model: torch.nn.Module,
-    sample_batches: Callable[[int], list[dict]],
+    sample_batches: Callable[[int, int, set], list[dict]],
     sizes: list[int],
     measure_all: bool,
     fixed: Candidate | None = None,
     rank: Callable[[Timing, int], float] | None = None,
 ) -> Measurement:
     """Every precision, attention and compilation the recipe leaves open (the candidate `fixed` where given)
-    measured on real batches of the largest size `sizes[0]` (`sample_batches(max_tokens)`, on copies of `model`),
-    then the chosen one at the other sizes; nothing is measured where nothing is open and no budget asks for a time
-    (`measure_all` False). `rank(timing, max_tokens)` orders the candidates, lowest first (default: the steady
-    time; a budget ranks by the updates each fits, new shapes paid)."""
+    measured on real batches of the largest size `sizes[0]` (`sample_batches(max_tokens, count, taken)`: that many
+    collated batches of shapes not in the set `taken`, to which it adds them; on copies of `model`), then the chosen
+    one at the other sizes;
+    nothing is measured where nothing is open and no budget asks for a time (`measure_all` False).
+    `rank(timing, max_tokens)` orders the candidates, lowest first (default: the steady time; a budget ranks by the
+    updates each fits, new shapes paid). A ValueError names the failures where no candidate could run."""
     device = training_device(args)
     if fixed is not None:
         precisions, attentions, compiles = [fixed[0]], [fixed[1]], [fixed[2]]
@@ -135,42 +153,55 @@ def measure_choices(
         return Measurement(precisions[0], attentions[0], compiles[0])
     rank = rank or (lambda timing, size: timing.steady)
     optimizer = trainer_optimizer(args)
+    mode = getattr(args, "torch_compile_mode", None)
+
+    taken: dict[int, set] = {}  # the shapes this model has met, per batch size: each candidate gets its own
 
     def measure(size: int, candidates: list[Candidate]) -> dict[str, Timing]:
-        batches = [{k: v.to(device) for k, v in batch.items()} for batch in sample_batches(size)]
-        mode = getattr(args, "torch_compile_mode", None)
-        return measure_updates(model, batches, candidates, optimizer=optimizer, device=device, compile_mode=mode)
+        batches = sample_batches(size, SAMPLE_BATCHES * len(candidates), taken.setdefault(size, set()))
+        batches = [{k: v.to(device) for k, v in batch.items()} for batch in batches]
+        return measure_updates(model, batches, candidates, optimizer, device, compile_mode=mode, shared=False)
 
     timings: dict[str, Timing] = {}
 
     def best(candidates: list[Candidate]) -> Candidate:
+        candidates = [c for c in candidates if runs_in(c[0], c[1])]
         missing = [c for c in candidates if candidate_key(*c) not in timings]
         if missing and (len(candidates) > 1 or measure_all):
             timings.update(measure(sizes[0], missing))
         if len(candidates) == 1:
             return candidates[0]
-        return min(candidates, key=lambda c: rank(timings[candidate_key(*c)], sizes[0]))
+        choice = min(candidates, key=lambda c: rank(timings[candidate_key(*c)], sizes[0]))
+        if timings[candidate_key(*choice)].failure:
+            failures = "; ".join(f"{candidate_key(*c)}: {timings[candidate_key(*c)].failure}" for c in candidates)
+            raise ValueError(f"no training update runs on {device}: {failures}.")
+        return choice
 
-    # 1. Precision and attention: crossed where few, else the precision first (with sdpa) and then the attention.
+    chosen = _staged(precisions, attentions, compiles, best)
+    measurement = Measurement(*chosen)
+    measurement.reasons = _choice_reasons(recipe, device, precisions, attentions, compiles, timings, chosen)
+    measurement.measured = {f"{name}@{sizes[0]}": t.steady for name, t in timings.items() if not t.failure}
+    key = candidate_key(*chosen)
+    if key in timings:
+        measurement.per_size[sizes[0]] = timings[key]
+    for size in sizes[1:] if measure_all else []:
+        measurement.per_size[size] = measure(size, [chosen])[key]
+        measurement.measured[f"{key}@{size}"] = measurement.per_size[size].steady
+    if True in compiles:
+        torch._dynamo.reset()  # the copies' graphs go: the Trainer's compile starts afresh, within dynamo's limits
+    return measurement
+
+
+def _staged(precisions, attentions, compiles, best: Callable[[list[Candidate]], Candidate]) -> Candidate:
+    """The candidate `best` picks in stages: 1. the precision and attention, crossed where few, else the precision
+    first (with sdpa) and then the attention; 2. the compilation, for the chosen precision and attention."""
     if len(precisions) * len(attentions) <= MAX_CROSSED:
         precision, attention, _ = best([(p, a, compiles[0]) for p in precisions for a in attentions])
     else:
         preferred = "sdpa" if "sdpa" in attentions else attentions[0]
         precision = best([(p, preferred, compiles[0]) for p in precisions])[0]
         attention = best([(precision, a, compiles[0]) for a in attentions])[1]
-    # 2. Compilation, for the chosen precision and attention.
-    compiled = best([(precision, attention, c) for c in compiles])[2]
-    chosen = (precision, attention, compiled)
-    key = candidate_key(*chosen)
-    measurement = Measurement(precision, attention, compiled)
-    measurement.reasons = _choice_reasons(recipe, device, precisions, attentions, compiles, timings, chosen)
-    measurement.measured = {f"{name}@{sizes[0]}": timing.steady for name, timing in timings.items()}
-    if key in timings:
-        measurement.per_size[sizes[0]] = timings[key]
-    for size in sizes[1:] if measure_all else []:
-        measurement.per_size[size] = measure(size, [chosen])[key]
-        measurement.measured[f"{key}@{size}"] = measurement.per_size[size].steady
-    return measurement
+    return best([(precision, attention, c) for c in compiles])
 
 
 def measure_updates(
@@ -183,61 +214,96 @@ def measure_updates(
     clock: Callable[[], float] = time.perf_counter,
     synchronize: Callable[[], None] | None = None,
     compile_mode: str | None = None,
+    shared: bool = True,
 ) -> dict[str, Timing]:
     """The `Timing` of an update (forward, backward, optimizer step) for each (precision, attention, compiled)
     candidate, measured on copies of `model` on `device` (default: the model's), which is left untouched where it
-    is, as is the global random state; each sampled batch timed twice in a row (see the module docstring).
-    `optimizer(parameters)` builds the optimizer the Trainer will use (`trainer_optimizer`; default: its default,
-    fused AdamW). On a CPU the copies take turns over `rounds` rounds, so that a change in the machine's load falls
-    on all of them alike; on a GPU they run one after another, one copy in memory at a time. `clock` and
-    `synchronize` (default: the device's) are what the timing reads."""
+    is, as is the global random state (see the module docstring). With `shared` every candidate is timed on all of
+    `batches`, else candidate j on `batches[j::len(candidates)]` (shapes of its own). `optimizer(parameters)` builds
+    the optimizer the Trainer will use (`trainer_optimizer`; default: its default, fused AdamW). On a CPU the copies
+    take turns over `rounds` rounds, so that a change in the machine's load falls on all of them alike; on a GPU
+    they run one after another, one copy in memory at a time. `clock` and `synchronize` (default: the device's) are
+    what the timing reads."""
     batches = list(batches)
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    synchronize = synchronize or synchronizer(device)
-    make_optimizer = optimizer or trainer_optimizer(None)
+    timer = _Timer(clock, synchronize or synchronizer(device), device)
     first = _unsampled_shape(batches[0])
-    colds: dict[str, list[float]] = {candidate_key(*c): [] for c in candidates}
-    warms: dict[str, list[float]] = {candidate_key(*c): [] for c in candidates}
+    samples = {
+        candidate_key(*c): batches if shared else batches[j :: len(candidates)] for j, c in enumerate(candidates)
+    }
 
-    def time_twice(copy_: _Copy, batch: dict) -> None:
-        marks = []
-        for _ in range(3):
-            synchronize()
-            marks.append(clock())
-            if len(marks) < 3:
-                copy_.update(batch)
-        colds[copy_.key].append(marks[1] - marks[0])
-        warms[copy_.key].append(marks[2] - marks[1])
+    def prepared(candidate: Candidate) -> _Copy | None:
+        try:
+            copy_ = _Copy(model, candidate, device, optimizer or trainer_optimizer(None), compile_mode)
+            copy_.update(first)
+            return copy_
+        except (RuntimeError, ValueError, ImportError) as error:  # out of memory, a kernel missing, ...
+            timer.fail(candidate_key(*candidate), error)
+            return None
 
-    devices = (
+    rng_devices = (
         [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
     )
-    with torch.random.fork_rng(devices=devices):
+    with torch.random.fork_rng(devices=rng_devices):
         if device.type == "cpu":
-            copies = [_Copy(model, c, device, make_optimizer, compile_mode) for c in candidates]
-            for copy_ in copies:
-                copy_.update(first)
-            per_round = max(1, math.ceil(len(batches) / rounds))
-            for start in range(0, len(batches), per_round):
+            copies = [copy_ for copy_ in map(prepared, candidates) if copy_ is not None]
+            for turn in range(rounds):
                 for copy_ in copies:
-                    for batch in batches[start : start + per_round]:
-                        time_twice(copy_, batch)
+                    per_round = math.ceil(len(samples[copy_.key]) / rounds)
+                    timer.time(copy_, samples[copy_.key][turn * per_round : (turn + 1) * per_round])
         else:
             for candidate in candidates:
-                copy_ = _Copy(model, candidate, device, make_optimizer, compile_mode)
-                copy_.update(first)
-                for batch in batches:
-                    time_twice(copy_, batch)
+                copy_ = prepared(candidate)
+                if copy_ is not None:
+                    timer.time(copy_, samples[copy_.key])
                 del copy_
                 torch.cuda.empty_cache()
-    return {key: _timing(colds[key], warms[key]) for key in colds}
+    return {key: timer.timing(key) for key in samples}
 
 
-def _timing(colds: list[float], warms: list[float]) -> Timing:
-    """The Timing of the sampled batches' first (`colds`) and second (`warms`) updates."""
-    extras = [max(0.0, cold - warm) for cold, warm in zip(colds, warms, strict=True)]
-    per_shape = statistics.median(extras)
-    return Timing(statistics.fmean(warms), per_shape, max(0.0, sum(extras) - per_shape * len(extras)))
+class _Timer:
+    """Times updates as the module docstring says, keeping each candidate's cold and warm seconds, or its failure."""
+
+    def __init__(self, clock: Callable[[], float], synchronize: Callable[[], None], device: torch.device):
+        self.clock, self.synchronize, self.device = clock, synchronize, device
+        self.colds: dict[str, list[float]] = {}
+        self.warms: dict[str, list[float]] = {}
+        self.failures: dict[str, str] = {}
+
+    def seconds(self, copy_: _Copy, batch: dict) -> float:
+        self.synchronize()  # every clock read waits for the device's queued work
+        began = self.clock()
+        copy_.update(batch)
+        self.synchronize()
+        return self.clock() - began
+
+    def time(self, copy_: _Copy, chunk: list[dict]) -> None:
+        """Each batch of `chunk` once as a new shape, then once more in reverse order (not right after its first)."""
+        if copy_.key in self.failures or not chunk:
+            return
+        try:
+            colds = [self.seconds(copy_, batch) for batch in chunk]
+            warms = [self.seconds(copy_, batch) for batch in reversed(chunk)][::-1]
+        except (RuntimeError, ValueError) as error:
+            self.fail(copy_.key, error)
+            return
+        self.colds.setdefault(copy_.key, []).extend(colds)
+        self.warms.setdefault(copy_.key, []).extend(warms)
+
+    def fail(self, key: str, error: Exception) -> None:
+        """Leave candidate `key` out: the first line of `error` (after running out of memory, the memory freed)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        self.failures[key] = "out of memory" if "out of memory" in text.lower() else text[:200]
+
+    def timing(self, key: str) -> Timing:
+        colds, warms = self.colds.get(key, []), self.warms.get(key, [])
+        if key in self.failures or not warms:
+            return Timing(math.inf, failure=self.failures.get(key, "no batch timed"))
+        extras = [max(0.0, cold - warm) for cold, warm in zip(colds, warms, strict=True)]
+        per_shape = statistics.median(extras)
+        return Timing(statistics.fmean(warms), per_shape, max(0.0, sum(extras) - per_shape * len(extras)))
 
 
 def _unsampled_shape(batch: dict) -> dict:
@@ -305,13 +371,14 @@ def _choice_reasons(recipe, device, precisions, attentions, compiles, timings, c
 
     def against(name: str, others: list[Candidate], label: Callable[[Candidate], str]) -> str:
         mine = timings[candidate_key(*chosen)]
-        rest = [c for c in others if c != chosen and candidate_key(*c) in timings]
+        measured = {key for key, timing in timings.items() if not timing.failure}
+        rest = [c for c in others if c != chosen and candidate_key(*c) in measured]
         text = f"{name}: {_seconds(mine)} per update against " + ", ".join(
             f"{_seconds(timings[candidate_key(*c)])} {label(c)}" for c in rest
         )
         return text
 
-    reasons = []
+    reasons = [f"{key} left out: {timing.failure}" for key, timing in timings.items() if timing.failure]
     if recipe.precision == "auto" and len(precisions) == 1 and device.type == "cpu":
         reasons.append("fp32: no bf16 matrix units in this CPU (AMX or AVX512-BF16)")
     elif len(precisions) > 1:
@@ -335,9 +402,9 @@ def _choice_reasons(recipe, device, precisions, attentions, compiles, timings, c
 
 
 def _seconds(timing: Timing) -> str:
-    """`0.35 s`, with what a new batch shape adds where it is worth saying (1% of an update or more)."""
+    """`0.35 s`, with what a new batch shape adds where it is worth saying (a tenth of an update or more)."""
     text = f"{timing.steady:.2f} s" if timing.steady >= 0.1 else f"{timing.steady * 1000:.1f} ms"
-    if timing.per_shape >= 0.01 * timing.steady and timing.per_shape >= 0.001:
+    if timing.per_shape >= 0.1 * timing.steady and timing.per_shape >= 0.001:
         text += f" (+{timing.per_shape:.2f} s a new batch shape)"
     if timing.once >= 1.0:
         text += f" (+{timing.once:.0f} s once)"

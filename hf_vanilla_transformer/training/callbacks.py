@@ -27,6 +27,8 @@ from .replanning import (
 
 logger = logging.getLogger(__name__)
 
+NEVER = 2**62  # a spacing of events that never comes
+
 
 class SaveEveryCallback(TrainerCallback):
     """Save a checkpoint whenever `minutes` have passed since the last one (§6.1: every 10 minutes).
@@ -53,8 +55,10 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
     """The budgeted run's length: carries the plan into every checkpoint's trainer state, re-plans the run's length
     from its own updates (`replanning.py`: after `rules.first_check` updates and after every validation), and stops
     the run at its deadline should the machine turn slower than it measured (another job started beside it): the
-    run then ends early, saved, rather than late. A resumed run (rebuilt from its checkpoint with the plan alone)
-    keeps the length its checkpoint recorded and has no deadline (its budget was spent by the interrupted one)."""
+    run then ends early, saved, rather than late. Its checkpoints and validations are spaced from the last one (the
+    Trainer's own come at multiples of the spacing: after a re-plan changed it, those would add events). A resumed
+    run (rebuilt from its checkpoint with the plan alone) keeps the length its checkpoint recorded and has no
+    deadline (its budget was spent by the interrupted one)."""
 
     def __init__(
         self,
@@ -70,6 +74,7 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         self.stopped_early_at: int | None = None
         self.checked = False
         self.switch: dict | None = None  # a better choice of model and batch size, for run.py to start again with
+        self.last_save = self.last_evaluation = 0  # the updates of the last checkpoint and validation
 
     def state(self) -> dict:
         return {"args": {"plan": self.plan}, "attributes": {}}
@@ -82,6 +87,8 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.meter.step(state.global_step)
+        if self.rules is not None:
+            self._space_events(state, control)
         first_check = self.rules is not None and not self.checked and state.global_step >= self.rules.first_check
         if first_check and self.meter.updates > 0:  # (a short run checks once it has measured an update)
             self.checked = True
@@ -107,12 +114,14 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
             control.should_save = True
         return control
 
-    def on_evaluate(self, args, state, control, **kwargs):
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         seconds = self.meter.pause("validation")
+        self.last_evaluation = state.global_step
         finished = control.should_training_stop or state.global_step >= state.max_steps  # the run's last validation
         if self.rules is not None and self.meter.seconds_per_update is not None and not finished:
             # The test decoding, predicted anew from this validation's decoding speed, moves the deadline.
-            decode = predicted_decode_seconds(self.rules, seconds, self.meter.seconds_per_update)
+            check = (metrics or {}).get("eval_source_check_seconds")
+            decode = predicted_decode_seconds(self.rules, seconds, self.meter.seconds_per_update, check)
             self.deadline += (self.plan.get("predicted_decode_seconds") or 0.0) - decode
             self.plan = {**self.plan, "predicted_decode_seconds": decode}
             self._replan(args, state, f"the validation at update {state.global_step:,}")
@@ -120,19 +129,36 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
 
     def on_save(self, args, state, control, **kwargs):
         self.meter.pause("checkpoint")
+        self.last_save = state.global_step
         return control
 
     def _apply(self, state) -> None:
         state.max_steps = self.plan["max_steps"]
+        if self.rules is not None:  # spaced by `_space_events`: the Trainer's multiples never come
+            state.save_steps, state.eval_steps = 0, NEVER
+            return
         state.save_steps = self.plan["save_steps"]
         if self.plan.get("eval_steps"):
             state.eval_steps = self.plan["eval_steps"]
+
+    def _space_events(self, state, control) -> None:
+        """A checkpoint once the plan's spacing has passed since the last one; a validation with it once its own
+        spacing has (nearly) passed, or on its own where validations come more often than checkpoints. (The run's
+        last update saves and validates through the Trainer's own rule.)"""
+        step, save, evaluate = state.global_step, self.plan["save_steps"], self.plan.get("eval_steps")
+        if step >= state.max_steps:
+            return
+        saving = step - self.last_save >= save
+        control.should_save = control.should_save or saving
+        if evaluate and self.rules.validates:
+            due = step - self.last_evaluation >= (evaluate - save / 2 if evaluate >= save else evaluate)
+            control.should_evaluate = control.should_evaluate or (due and (saving or evaluate < save))
 
     def _switch(self, args, state) -> bool:
         """Whether the first updates prove the calibrated choice of model and batch size wrong enough to start
         again with a better one (`replanning.better_candidate`); every process takes the main process's answer. A
         run that started again already keeps its choice (its length is re-planned as any run's)."""
-        rate, planned = self.meter.seconds_per_update, self.plan.get("seconds_per_update")
+        rate, planned = self._steady_rate(state.global_step), self.plan.get("seconds_per_update")
         if rate is None or not planned or self.plan.get("switched_from"):  # a run starts again once at most
             return False
         checkpoint = self.plan.get("checkpoint_seconds") or 0.0
@@ -152,9 +178,19 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
             )
         return self.switch is not None
 
+    def _steady_rate(self, step: int) -> float | None:
+        """The Trainer's seconds per update of shapes met before: the meter's, less what the new batch shapes met
+        while it counted cost (on a GPU most of them come early: the first check would charge them to every update
+        still to come)."""
+        rate = self.meter.seconds_per_update
+        if rate is None or self.rules is None:
+            return rate
+        paid = self.rules.first_costs(self.plan, self.meter.counted_from, step)
+        return max(0.5 * rate, (self.meter.seconds - paid) / self.meter.updates)
+
     def _replan(self, args, state, after: str, always: bool = False) -> None:
         """Re-fit the length from the measured speed (every process takes the main process's new plan)."""
-        rate = self.meter.seconds_per_update
+        rate = self._steady_rate(state.global_step)
         if rate is None:
             return
         step = state.global_step

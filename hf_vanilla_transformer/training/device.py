@@ -66,7 +66,19 @@ def forward_context(device: torch.device, precision: str) -> Iterator[None]:
 @contextlib.contextmanager
 def tf32_matmuls(enabled: bool) -> Iterator[None]:
     """CUDA matrix products and convolutions in TensorFloat-32 or not, within the block (restored after): a whole
-    update (its backward pass too) runs in it."""
+    update (its backward pass too) runs in it. Through torch's `fp32_precision` settings where it has them (2.9 and
+    later, where transformers' `enable_tf32` sets them too: torch refuses a mix of those and the older flags)."""
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        settings = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
+        saved = [setting.fp32_precision for setting in settings]
+        for setting in settings:
+            setting.fp32_precision = "tf32" if enabled else "ieee"
+        try:
+            yield
+        finally:
+            for setting, value in zip(settings, saved, strict=True):
+                setting.fp32_precision = value
+        return
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled
     try:

@@ -94,7 +94,8 @@ class PlanContext:
     """What the planner reads about a run: its two argument dataclasses (never changed), the model of the recipe's
     preset, samples of real training batches, the sizes of the held-out splits and when the budget's clock started.
 
-    `sample_batches(max_tokens)` gives a few collated training batches of that size (for calibration);
+    `sample_batches(max_tokens, count, taken)` gives that many collated training batches of that size, of shapes
+    not in `taken` where the corpus has enough (added to it; for calibration);
     `updates_per_epoch(max_tokens, accumulation)` the updates in an epoch of the training split;
     `shapes_met(max_tokens, batches)` the distinct batch shapes among that many batches of the run (each costs its
     first update more: calibration.Timing); `build(preset)` a new model of another preset, to measure the recipe's
@@ -103,7 +104,7 @@ class PlanContext:
     recipe: object  # ModelDataArguments
     args: object  # TransformerTrainingArguments
     model: torch.nn.Module
-    sample_batches: Callable[[int], list[dict]]
+    sample_batches: Callable[[int, int, set], list[dict]]
     updates_per_epoch: Callable[[int, int], int]
     validation_pairs: int | None  # None: no validation split
     test_pairs: int
@@ -405,7 +406,7 @@ def trainer_arguments(args, plan: BudgetPlan, d_model: int, max_steps: int | Non
         planned.eval_steps = plan.eval_steps
     planned.bf16, planned.fp16 = plan.precision == "bf16", plan.precision == "fp16"
     planned.mixed_precision = plan.precision if plan.precision in ("bf16", "fp16") else "no"
-    planned.tf32 = True if plan.precision == "tf32" else args.tf32  # (TransformerTrainer.train applies it)
+    planned.tf32 = plan.precision == "tf32"  # as measured (TransformerTrainer.train applies it on CUDA)
     planned.torch_compile = plan.torch_compile
     if plan.torch_compile and planned.torch_compile_backend is None:
         planned.torch_compile_backend = "inductor"

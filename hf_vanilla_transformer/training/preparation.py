@@ -40,7 +40,7 @@ from ..data.tokenizer import check_special_tokens, wrap_tokenizer
 from ..evaluation.length_penalty import length_penalty_choices
 from ..evaluation.metrics import seq2seq_bleu_metrics
 from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
-from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
 from ..utils.distributed import main_process_value
 from ..utils.files import write_json_atomically
 from ..utils.stages import SetupClock
@@ -263,8 +263,11 @@ def _plan_context(recipe, args, model, tokenizer, train, batches, evaluation, co
     collator = training_collator(tokenizer, model, args)
     multiple = pad_multiple(training_device(args))
 
-    def sample_batches(max_tokens: int) -> list[dict]:
-        chosen = batches.of(max_tokens).spread(12)
+    def sample_batches(max_tokens: int, count: int, taken: set) -> list[dict]:
+        sampler = batches.of(max_tokens)
+        chosen = sampler.shape_sample(count, multiple, taken)
+        if len(chosen) < count:  # a small corpus has too few shapes for each candidate to have its own
+            chosen += sampler.shape_sample(count - len(chosen), multiple)
         return [collator([{k: train[i][k] for k in ("input_ids", "labels")} for i in batch]) for batch in chosen]
 
     def epoch_updates(max_tokens: int, accumulation: int) -> int:
@@ -294,9 +297,22 @@ def _plan_context(recipe, args, model, tokenizer, train, batches, evaluation, co
 
 def training_collator(tokenizer, model, args) -> DataCollatorForSeq2Seq:
     """The collator of the training batches, the calibration's and the Trainer's: padded to the longest of each side
-    (to a multiple of 8 on CUDA: `device.pad_multiple`)."""
+    (to a multiple of 8 on CUDA: `device.pad_multiple`), the decoder inputs made from the labels. It holds the
+    model's two token ids, not the model: data-loading workers get a copy of it."""
     multiple = pad_multiple(training_device(args))
-    return DataCollatorForSeq2Seq(tokenizer, model=model, pad_to_multiple_of=multiple if multiple > 1 else None)
+    shifter = DecoderInputs(model.config.pad_token_id, model.config.decoder_start_token_id)
+    return DataCollatorForSeq2Seq(tokenizer, model=shifter, pad_to_multiple_of=multiple if multiple > 1 else None)
+
+
+@dataclass(frozen=True)
+class DecoderInputs:
+    """What `DataCollatorForSeq2Seq` asks of a model: the decoder inputs of a batch's labels, shifted right (§3.1)."""
+
+    pad_token_id: int
+    decoder_start_token_id: int
+
+    def prepare_decoder_input_ids_from_labels(self, labels):
+        return shift_tokens_right(labels, self.pad_token_id, self.decoder_start_token_id)
 
 
 def plan_run(context: PlanContext, resume: str | None = None) -> BudgetPlan:
@@ -357,6 +373,8 @@ def refit_rules(recipe, args, plan: BudgetPlan, context: PlanContext) -> RefitRu
         max_epochs=recipe.max_epochs,
         validation_beams=args.generation_num_beams or 1,
         source_check=recipe.source_check != "off",
+        accumulation=plan.gradient_accumulation_steps,
+        shapes_met=lambda count: context.shapes_met(plan.max_tokens, count),
     )
 
 

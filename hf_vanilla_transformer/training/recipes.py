@@ -48,9 +48,15 @@ def read_recipe(name: str | Path) -> dict:
     return values
 
 
-def machine_recipe() -> str:
-    """The recipe of the main job on this machine: `gpu` where PyTorch sees a CUDA device, else `cpu`."""
-    return "gpu" if torch.cuda.is_available() else "cpu"
+def machine_recipe(argv: list[str] | None = None) -> str:
+    """The recipe of the main job on this machine: `gpu` where PyTorch sees a CUDA device and the command line
+    `argv` (default: this process's) does not ask for the CPU (`--use_cpu true`), else `cpu`."""
+    argv = sys.argv[1:] if argv is None else argv
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--use_cpu", nargs="?", const="true", default="false")
+    known, _ = first.parse_known_args(argv)
+    on_cpu = known.use_cpu.lower() in ("true", "1", "yes")
+    return "gpu" if torch.cuda.is_available() and not on_cpu else "cpu"
 
 
 def given_flags(argv: list[str]) -> set[str]:
@@ -77,8 +83,8 @@ def parse_arguments(
     parser.set_defaults(**values)
     recipe, args = parser.parse_args_into_dataclasses(args=argv)
     given = given_flags(argv if argv is not None else sys.argv[1:])
-    if "bf16" in given:
-        recipe.precision = "bf16" if args.bf16 else "fp32"
+    if "bf16" in given or "fp16" in given:  # an explicit mixed precision fixes what `auto` would measure
+        recipe.precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     if "peak_learning_rate" in given and "peak_learning_rate_preset" not in given:
         recipe.peak_learning_rate_preset = None  # the command line's peak is the run's own preset's
     settle_choices(recipe, args, given)

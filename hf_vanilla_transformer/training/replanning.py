@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .costs import SAFETY, validation_loss_seconds
@@ -56,6 +57,17 @@ class RefitRules:
     min_updates: int | None = None  # what a choice of model and batch size must reach (the recipe's)
     max_epochs: float | None = None  # the recipe's cap, for the other choices' epochs
     source_check: bool = False  # each validation also measures the source's worth (collapse.py)
+    accumulation: int = 1  # batches per update
+    # The expected distinct batch shapes among that many batches of the run (each costs its first update more:
+    # `seconds_per_new_shape` of the plan); None: not counted.
+    shapes_met: Callable[[int], float] | None = None
+
+    def first_costs(self, plan: dict, since: int, until: int) -> float:
+        """What the new batch shapes met from update `since` to update `until` add to their steady time."""
+        per_shape = plan.get("seconds_per_new_shape") or 0.0
+        if not per_shape or self.shapes_met is None or until <= since:
+            return 0.0
+        return per_shape * (self.shapes_met(until * self.accumulation) - self.shapes_met(since * self.accumulation))
 
 
 def refit(
@@ -67,9 +79,9 @@ def refit(
     checkpoint_seconds: float,
     validation_seconds: float,
 ) -> dict:
-    """The plan with the length that fits `seconds_left` of training after update `step` at `seconds_per_update`,
-    once the checkpoints and validations still to come are paid for (`SAFETY` kept back), capped at
-    `rules.max_updates`; its spacing follows, its warmup is kept."""
+    """The plan with the length that fits `seconds_left` of training after update `step` at `seconds_per_update` (a
+    steady update's), once the checkpoints, the validations and the new batch shapes still to come are paid for
+    (`SAFETY` kept back), capped at `rules.max_updates`; its spacing follows, its warmup is kept."""
     if seconds_per_update <= 0:
         raise ValueError(f"seconds_per_update={seconds_per_update} is invalid; expected a positive measured time.")
     usable = max(0.0, seconds_left) * SAFETY
@@ -79,6 +91,7 @@ def refit(
     for _ in range(REFIT_ROUNDS):
         still = 1 - step / max(length, step + 1)  # the fraction of the run, and of its events, still to come
         fixed = still * (checkpoints * checkpoint_seconds + validations * validation_seconds)
+        fixed += rules.first_costs(plan, step, length)
         length = step + max(1, math.floor((usable - fixed) / seconds_per_update))
     if rules.max_updates is not None:
         length = min(length, max(rules.max_updates, step + 1))
@@ -128,11 +141,17 @@ def _epoch_cap(rules: RefitRules, candidate: dict) -> float:
     return math.floor(rules.max_epochs * candidate["updates_per_epoch"]) if rules.max_epochs else math.inf
 
 
-def predicted_decode_seconds(rules: RefitRules, validation_seconds: float, seconds_per_update: float) -> float:
+def predicted_decode_seconds(
+    rules: RefitRules, validation_seconds: float, seconds_per_update: float, source_check_seconds: float | None = None
+) -> float:
     """The test decoding (and the choice of alpha) predicted from a validation pass on this machine: its decoding of
-    `validation_pairs` pairs with `validation_beams` beams (the pass less its loss batches), scaled to
-    `test_sentences` decoded with `test_beams` beams by their relative cost per sentence (`BEAM4_PER_GREEDY`)."""
-    loss_batches = validation_loss_seconds(rules.validation_pairs, seconds_per_update, rules.source_check)
+    `validation_pairs` pairs with `validation_beams` beams (the pass less its loss batches: the Trainer's and the
+    source check's two, measured where `source_check_seconds` gives the check's time), scaled to `test_sentences`
+    decoded with `test_beams` beams by their relative cost per sentence (`BEAM4_PER_GREEDY`)."""
+    if source_check_seconds is not None:  # the Trainer's loss pass costs about one of the check's two
+        loss_batches = 1.5 * source_check_seconds
+    else:
+        loss_batches = validation_loss_seconds(rules.validation_pairs, seconds_per_update, rules.source_check)
     per_sentence = max(0.0, validation_seconds - loss_batches) / max(1, rules.validation_pairs)
     return rules.test_sentences * per_sentence * _decode_cost(rules.test_beams) / _decode_cost(rules.validation_beams)
 
@@ -164,6 +183,11 @@ class UpdateMeter:
     seconds: float = 0.0
     updates: int = 0
     pauses: dict = field(default_factory=lambda: {"validation": [], "checkpoint": []})
+
+    @property
+    def counted_from(self) -> int:
+        """The update after which the meter counts (the warm ones apart)."""
+        return self.first + WARM_UPDATES
 
     def start(self, step: int) -> None:
         self.first, self.mark, self.seconds, self.updates = step, self.clock(), 0.0, 0

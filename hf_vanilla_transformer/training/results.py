@@ -154,12 +154,20 @@ def _training(run: PreparedRun, outcome: RunOutcome) -> dict:
     trainer = run.trainer
     steps = trainer.state.global_step
     trained = steps - (checkpoint_step(outcome.resumed_at) if outcome.resumed_at else 0)
+    update_seconds = run.budget.meter.seconds_per_update
     return {
         "steps": steps,
         "epochs": epochs_for(steps, trainer),
         "seconds": outcome.train_seconds,
         "seconds_per_update": outcome.train_seconds / max(1, trained),
         "final_loss": next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
+        # The updates' own speed (validation and checkpoints apart), in real target tokens of every process: what
+        # `scripts/benchmark.py` reports of a training step of the same model, batch size and precision.
+        "target_tokens_per_second": (
+            trainer.target_tokens_seen / trained / update_seconds
+            if trainer.target_tokens_seen and update_seconds
+            else None
+        ),
     }
 
 

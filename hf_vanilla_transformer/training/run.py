@@ -113,6 +113,8 @@ def restart_of(run: PreparedRun) -> Restart:
         precision=previous["precision"],
         attn_implementation=previous["attn_implementation"],
         compile_training="always" if previous.get("torch_compile") else "never",
+        # the peak keeps its owner: the size the user named it for, not the one switched to
+        peak_learning_rate_preset=run.recipe.peak_learning_rate_preset or run.recipe.preset,
     )
     known = Measurement(
         previous["precision"],

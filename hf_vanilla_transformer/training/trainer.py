@@ -9,6 +9,7 @@ import contextlib
 import copy
 import logging
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
@@ -74,7 +75,8 @@ class TransformerTrainer(Seq2SeqTrainer):
         super().__init__(*args, **kwargs)
         self.batch_sampler = batch_sampler
         self.source_check = source_check
-        self._tokens_on_device: torch.Tensor | None = None  # tokens seen since the last log, on a GPU
+        self._tokens_on_device: torch.Tensor | None = None  # (source, target) tokens since the last read
+        self.target_tokens_seen = 0  # in this session (not kept in checkpoints)
 
     def train(self, *args, **kwargs):
         on_cuda = self.args.device.type == "cuda"
@@ -88,24 +90,33 @@ class TransformerTrainer(Seq2SeqTrainer):
             return super().training_step(model, inputs, num_items_in_batch)
 
     def _track_num_input_tokens(self, inputs):
-        """The Trainer's count of the tokens seen, kept on a GPU until the next log or checkpoint (the Trainer reads
-        it on the host at every update, which waits for every queued kernel)."""
-        mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+        """The tokens seen: the Trainer's count of the source tokens, and the target tokens beside it (what the
+        benchmark counts), summed over the processes and kept on the device until the next log, validation or
+        checkpoint: the Trainer reads its count on the host at every update, which on a GPU waits for every queued
+        kernel."""
         counting = self.args.include_num_input_tokens_seen
-        if self.args.device.type != "cuda" or counting == "no" or mask is None:
+        if counting == "no" or not isinstance(inputs, dict) or not {"attention_mask", "labels"} <= set(inputs):
             return super()._track_num_input_tokens(inputs)
-        count = mask.sum() if counting == "non_padding" else torch.tensor(mask.numel(), device=mask.device)
-        count = self.accelerator.gather(count.reshape(1).to(torch.int64)).sum()
-        self._tokens_on_device = count if self._tokens_on_device is None else self._tokens_on_device + count
+        mask, labels = inputs["attention_mask"], inputs["labels"]
+        source = mask.sum() if counting == "non_padding" else torch.tensor(mask.numel(), device=mask.device)
+        counts = torch.stack([source.to(torch.int64), (labels != -100).sum().to(torch.int64)])
+        counts = self.accelerator.gather(counts).reshape(-1, 2).sum(0)
+        self._tokens_on_device = counts if self._tokens_on_device is None else self._tokens_on_device + counts
 
     def _read_tokens_seen(self) -> None:
         if self._tokens_on_device is not None:
-            self.state.num_input_tokens_seen += int(self._tokens_on_device.item())
+            source, target = self._tokens_on_device.tolist()
+            self.state.num_input_tokens_seen += source
+            self.target_tokens_seen += target
             self._tokens_on_device = None
 
     def log(self, logs, start_time=None):
         self._read_tokens_seen()
         return super().log(logs, start_time)
+
+    def evaluate(self, *args, **kwargs):
+        self._read_tokens_seen()  # the progress line's rates count tokens up to here
+        return super().evaluate(*args, **kwargs)
 
     def get_train_dataloader(self) -> DataLoader:
         if self.batch_sampler is None:
@@ -141,6 +152,7 @@ class TransformerTrainer(Seq2SeqTrainer):
         if self.source_check and prefix == "eval":
             training = self.model.training
             self.model.eval()
+            began = time.perf_counter()
             found = source_dependence(
                 self.model,
                 dataloader,
@@ -152,6 +164,7 @@ class TransformerTrainer(Seq2SeqTrainer):
                 output.metrics.update(
                     {f"{prefix}_{'source_loss' if name == 'loss' else name}": value for name, value in found.items()}
                 )
+                output.metrics[f"{prefix}_source_check_seconds"] = time.perf_counter() - began
         return output
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
