@@ -1,35 +1,7 @@
-"""Deploy benchmark: a trained model folder on the held-out test split, this package's generate() (eager and
-compiled) against its ONNX Runtime and CTranslate2 exports (float32 and int8), side by side in one run.
+"""`vanilla-transformer deploy-benchmark` as a file in the repository (`python scripts/deploy_benchmark.py --help`): the command is
+`hf_vanilla_transformer/commands/deploy_benchmark.py`, installed with the package."""
 
-Usage:
-    python scripts/deploy_benchmark.py --model_dir outputs/vanilla-transformer-en-de --json deploy.json
-
-What it measures: `hf_vanilla_transformer/benchmarks/deploy.py`. Time nothing else on the machine while it runs.
-"""
-
-from __future__ import annotations
-
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
-
-from transformers import HfArgumentParser
-
-from hf_vanilla_transformer.benchmarks.deploy import DeployBenchmarkConfig, deploy_table, run_deploy_benchmark
-
-
-@dataclass
-class ScriptArguments:
-    json: str | None = field(default=None, metadata={"help": "write the figures to this JSON file"})
-
-
-def main() -> None:
-    options, script = HfArgumentParser((DeployBenchmarkConfig, ScriptArguments)).parse_args_into_dataclasses()
-    results = run_deploy_benchmark(options)
-    print(deploy_table(results))
-    if script.json:
-        Path(script.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(script.json).write_text(json.dumps(results, indent=2) + "\n")
+from hf_vanilla_transformer.commands.deploy_benchmark import main as main
 
 
 if __name__ == "__main__":

@@ -1,54 +1,9 @@
-"""Publish a trained model folder to the Hugging Face Hub, in one commit.
+"""`vanilla-transformer push` as a file in the repository (`python scripts/push_to_hub.py --help`): the command is
+`hf_vanilla_transformer/commands/push.py`, installed with the package."""
 
-Usage:
-    python scripts/push_to_hub.py MODEL_DIR REPO_ID [--private] [--dry-run] [--token TOKEN]
-
-What goes up: the weights (safetensors), config.json (with `auto_map` and the translation pipeline in
-`custom_pipelines`), the remote-code files (configuration, modeling, pipeline), the tokenizer, the generation config,
-the model card (README.md, rendered for REPO_ID and checked with huggingface_hub), results.json, training_log.json
-and the plots. Checkpoints and other training leftovers stay home. `--dry-run` lists exactly these files with their
-sizes and touches no network. Without a token (`hf auth login` or HF_TOKEN) or without a network the script stops
-with a message before anything is uploaded.
-"""
-
-import argparse
 import sys
 
-from hf_vanilla_transformer.sharing.hub import PublishError, push_model_folder
-
-
-def human(size: int) -> str:
-    unit = "B"
-    for larger in ("KiB", "MiB", "GiB"):
-        if size < 1024:
-            break
-        size, unit = size / 1024, larger
-    return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model_dir", help="a model folder written by scripts/train.py or scripts/main.py")
-    parser.add_argument("repo_id", help="the Hub repository, e.g. your-name/transformer-en-de")
-    parser.add_argument("--private", action="store_true", help="create the repository as private")
-    parser.add_argument("--dry-run", action="store_true", help="list what would be uploaded; no network")
-    parser.add_argument("--token", help="a Hugging Face token (default: the one of `hf auth login` or HF_TOKEN)")
-    options = parser.parse_args()
-    try:
-        plan, url = push_model_folder(
-            options.model_dir, options.repo_id, private=options.private, token=options.token, dry_run=options.dry_run
-        )
-    except PublishError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    width = max(len(path) for path, _ in plan)
-    print(("Would upload" if options.dry_run else "Uploaded") + f" to {options.repo_id} ({len(plan)} files):")
-    for path, size in plan:
-        print(f"  {path:<{width}}  {human(size):>10}")
-    print(f"  {'total':<{width}}  {human(sum(size for _, size in plan)):>10}")
-    if url:
-        print(f"Commit: {url}")
-    return 0
+from hf_vanilla_transformer.commands.push import main as main
 
 
 if __name__ == "__main__":

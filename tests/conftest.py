@@ -94,6 +94,14 @@ def run_without_package(script: str, tmp_path, **env) -> subprocess.CompletedPro
     )
 
 
+def plan_of(**fields):
+    """A run's plan (`BudgetPlan`) with the given fields, the others the least a plan holds."""
+    from hf_vanilla_transformer.training.planning import BudgetPlan
+
+    defaults = dict(max_steps=100, warmup_steps=1, save_steps=100, eval_steps=None, precision="fp32")
+    return BudgetPlan(**{**defaults, "attn_implementation": "sdpa", **fields})
+
+
 def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     """A real fast tokenizer over a fixed word list, ids 0-3 for <s> <pad> </s> <unk>."""
     vocab = {token: i for i, token in enumerate(["<s>", "<pad>", "</s>", "<unk>", *words])}

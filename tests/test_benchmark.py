@@ -72,9 +72,9 @@ def test_benchmark_reports_every_case_and_ratio(tmp_path):
     assert all(value > 0 for ratios in figures["ratios"].values() for value in ratios.values())
     assert 0 < figures["cases"]["train_labels"]["ours"]["mfu"] < 1
     # The compile's cost is paid by the first compiled case; beam search then reuses its graphs, so its own first
-    # call costs about nothing more (noise, clipped at 0).
-    assert figures["cases"]["greedy"]["ours_compiled"]["compile_warmup_seconds"] > 0.1
-    assert figures["cases"]["beam4"]["ours_compiled"]["compile_warmup_seconds"] >= 0
+    # call costs less than greedy's.
+    greedy = figures["cases"]["greedy"]["ours_compiled"]["compile_warmup_seconds"]
+    assert greedy > 0.1 and figures["cases"]["beam4"]["ours_compiled"]["compile_warmup_seconds"] < greedy
     assert "| toy | train_labels |" in result.stdout
 
 

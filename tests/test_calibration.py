@@ -15,7 +15,7 @@ from hf_vanilla_transformer.training.callbacks import TimeBudgetCallback
 from hf_vanilla_transformer.training.costs import updates_that_fit
 from hf_vanilla_transformer.training.replanning import RefitRules, refit
 
-from conftest import random_ids, tiny_model
+from conftest import plan_of, random_ids, tiny_model
 
 
 def shaped_batches() -> list[dict]:
@@ -219,12 +219,12 @@ def test_a_replan_counts_the_new_shapes_met_and_charges_only_those_still_to_come
     and charging it to every update still to come would cut the run short."""
     shapes = lambda batches: float(min(batches, 100))  # noqa: E731  (100 shapes, all met in the first 100 batches)
     rules = RefitRules(None, None, 100, None, False, None, first_check=50, accumulation=1, shapes_met=shapes)
-    plan = {"max_steps": 500, "warmup_steps": 10, "save_steps": 100, "eval_steps": None, "seconds_per_new_shape": 0.1}
+    plan = plan_of(max_steps=500, warmup_steps=10, save_steps=100, seconds_per_new_shape=0.1)
     callback = TimeBudgetCallback(plan, deadline_seconds=100.0, rules=rules)
     callback.meter.first, callback.meter.updates, callback.meter.seconds = 0, 45, 9.0  # updates 6-50: 0.2 s each
     # 45 of them met a new shape (0.1 s each): a steady update takes 0.1 s.
     assert callback._steady_rate(50) == pytest.approx(0.1)
     # 97 s usable at 0.1 s: the 50 shapes still to come cost 5 s, so 920 updates fit, not 970.
-    assert refit(plan, rules, 50, 0.1, 100.0, 0.0, 0.0)["max_steps"] == 50 + 920
+    assert refit(plan, rules, 50, 0.1, 100.0, 0.0, 0.0).max_steps == 50 + 920
     no_shapes = RefitRules(None, None, 100, None, False, None, first_check=50)
-    assert refit(plan, no_shapes, 50, 0.1, 100.0, 0.0, 0.0)["max_steps"] == 50 + 970
+    assert refit(plan, no_shapes, 50, 0.1, 100.0, 0.0, 0.0).max_steps == 50 + 970

@@ -12,7 +12,6 @@ from datasets import Dataset, DatasetDict
 
 from hf_vanilla_transformer.data import corpora, libreoffice
 from hf_vanilla_transformer.data.corpora import read_parallel_file, wmt_to_pairs
-from hf_vanilla_transformer.data.errors import CorpusError
 from hf_vanilla_transformer.data.libreoffice import (
     align_help_trees,
     debian_language,
@@ -21,6 +20,7 @@ from hf_vanilla_transformer.data.libreoffice import (
     read_mo_catalogue,
     split_and_deduplicate,
 )
+from hf_vanilla_transformer.data.splits import CorpusError
 
 
 PAGE = """<!DOCTYPE html><html><head><title>{title}</title></head><body>

@@ -1,11 +1,10 @@
-"""The house rules of the package's tree: rooms that import downwards only (no import circle), functions of one
-screen and modules of a few hundred lines (the modeling file excepted), a map (docs/layout.md) that names every
-module, and the old import path that shipped exports' READMEs print still working."""
+"""The house rules of the package's tree: rooms that import only the rooms before them in the layout map's order
+(and no import circle), functions of one screen and modules of a few hundred lines (the modeling file excepted), and
+a map (docs/layout.md) that names every module."""
 
 from __future__ import annotations
 
 import ast
-import importlib
 from pathlib import Path
 
 from conftest import ROOT
@@ -109,13 +108,32 @@ def test_the_layout_map_names_every_module_and_every_room_says_what_it_holds():
             assert ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))), f"{name} has no docstring"
 
 
-def test_the_import_path_printed_in_shipped_onnx_exports_still_works():
-    # Every ONNX export written before deploy/ existed says: from hf_vanilla_transformer.export_onnx import ...
-    old = importlib.import_module("hf_vanilla_transformer.export_onnx")
-    from hf_vanilla_transformer.deploy.onnx import export_onnx
-    from hf_vanilla_transformer.deploy.onnx_translator import OnnxTranslator
+def room_order() -> list[str]:
+    """The rooms in the order docs/layout.md gives (`room order: model, configs, ...`)."""
+    layout = (ROOT / "docs" / "layout.md").read_text(encoding="utf-8")
+    line = next(line for line in layout.splitlines() if line.startswith("room order:"))
+    return [room.strip() for room in line.removeprefix("room order:").split(",")]
 
-    assert old.OnnxTranslator is OnnxTranslator and old.export_onnx is export_onnx
+
+def room(name: str) -> str | None:
+    """The room of module `name` (None for the package's own top-level modules)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else None
+
+
+def test_every_room_imports_only_the_rooms_before_it_in_the_layout_map():
+    order = room_order()
+    files = modules()
+    rooms = {room(name) for name in files} - {None}
+    assert rooms == set(order), f"docs/layout.md's room order {order} against the rooms {sorted(rooms)}"
+    wrong = []
+    for name, path in files.items():
+        mine = room(name)
+        for target in imported_modules(name, path, set(files)):
+            theirs = room(target)
+            if mine and theirs and theirs != mine and order.index(theirs) > order.index(mine):
+                wrong.append(f"{name} imports {target}")
+    assert not wrong, wrong
 
 
 def test_the_top_level_model_card_is_the_template_training_fills_in():

@@ -46,7 +46,7 @@ def test_the_readme_quickstart_runs(main_job_folder, tmp_path, capsys):
     assert (fine_tuned / "model.safetensors").exists() and (fine_tuned / "loss_vanilla_transformer.py").exists()
     # The publishing block needs the Hub: it must compile and load the repository with trust_remote_code.
     compile(blocks[2], "README quickstart: publish", "exec")
-    assert "trust_remote_code=True" in blocks[2] and "scripts/push_to_hub.py" in blocks[2]
+    assert "trust_remote_code=True" in blocks[2] and "vanilla-transformer push" in blocks[2]
 
 
 @pytest.mark.parametrize("page", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))])

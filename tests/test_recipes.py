@@ -94,12 +94,12 @@ def test_a_run_started_again_with_another_size_keeps_the_peaks_owner(tmp_path):
 
     from hf_vanilla_transformer.training.run import restart_of
 
+    from conftest import plan_of
+
     recipe, args = parse(tmp_path, "--preset_choices", "small,compact", "--peak_learning_rate", "0.002")
-    plan = {"precision": "fp32", "attn_implementation": "sdpa", "max_tokens": 1024, "seconds_per_update": 0.5}
+    plan = plan_of(max_tokens=1024, seconds_per_update=0.5, preset="compact")
     switch = {"preset": "small", "max_tokens": 2048, "seconds_per_update": 0.4, "accumulation": 1}
-    budget = SimpleNamespace(
-        switch=switch, plan={**plan, "preset": "compact"}, meter=SimpleNamespace(seconds_per_update=0.3)
-    )
+    budget = SimpleNamespace(switch=switch, plan=plan, meter=SimpleNamespace(seconds_per_update=0.3))
     run = SimpleNamespace(recipe=dataclasses.replace(recipe, preset="compact"), args=args, budget=budget)
     run.trainer = SimpleNamespace(state=SimpleNamespace(global_step=200))
     restart = restart_of(run)
@@ -165,4 +165,4 @@ def test_the_plan_line_names_the_recipe_and_the_machine(tmp_path, monkeypatch):
 
     recipe, args = parse(tmp_path)
     assert _where(recipe, args).startswith("recipe cpu on ") and "cores" in _where(recipe, args)
-    assert recipes.RECIPES_DIR.joinpath("gpu.yaml").is_file()
+    assert recipes.recipe_file("gpu").is_file() and recipes.recipe_file("gpu").parent.name == "recipes"

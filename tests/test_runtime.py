@@ -9,13 +9,13 @@ import textwrap
 
 import pytest
 
-from hf_vanilla_transformer.training.allocator import mimalloc_library
+from hf_vanilla_transformer.utils.allocator import mimalloc_library
 
 
 SCRIPT = textwrap.dedent(
     """
     import os
-    from hf_vanilla_transformer.training.allocator import use_fast_allocator
+    from hf_vanilla_transformer.utils.allocator import use_fast_allocator
     print("start", flush=True)
     use_fast_allocator()
     maps = open("/proc/self/maps").read()

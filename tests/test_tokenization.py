@@ -8,7 +8,7 @@ from datasets import Dataset, DatasetDict
 
 from hf_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla_transformer.data.corpora import read_parallel_file
-from hf_vanilla_transformer.data.preparation import tokenize_corpus
+from hf_vanilla_transformer.data.pipeline import tokenize_corpus
 from hf_vanilla_transformer.data.tokenizer import check_special_tokens, corpus_texts, train_bpe_tokenizer
 
 from conftest import FIXTURES
@@ -83,7 +83,7 @@ def test_too_small_a_vocabulary_is_refused(pairs):
 
 def test_the_training_split_is_tokenized_without_text_in_narrow_ids_with_its_lengths(tokenizer, pairs, tmp_path):
     from hf_vanilla_transformer.data.corpora import parallel_files_corpus
-    from hf_vanilla_transformer.data.preparation import length_chunks, lengths, tokenized_folder
+    from hf_vanilla_transformer.data.pipeline import length_chunks, lengths, tokenized_folder
 
     corpus = parallel_files_corpus(str(FIXTURE), str(FIXTURE), cache_dir=tmp_path)
     assert tokenized_folder(corpus["train"], tokenizer, 12, tmp_path).exists() is False
@@ -118,7 +118,7 @@ def test_the_training_split_is_tokenized_without_text_in_narrow_ids_with_its_len
 
 def test_the_bpe_learns_from_a_seeded_capped_sample_and_is_cached(pairs, tmp_path):
     from hf_vanilla_transformer.data.corpora import parallel_files_corpus
-    from hf_vanilla_transformer.data.preparation import bpe_sample, learn_tokenizer
+    from hf_vanilla_transformer.data.pipeline import bpe_sample, learn_tokenizer
 
     sample = bpe_sample(pairs, 50, seed=0)
     assert len(sample) == 50 and sample["source"] == bpe_sample(pairs, 50, seed=0)["source"]
@@ -143,18 +143,18 @@ def test_corpus_and_tokenized_files_hold_large_record_batches_with_the_same_ids(
     default); the ids are still encoded `MAP_BATCH` pairs at a time."""
     import datasets
 
-    from hf_vanilla_transformer.data import corpora, preparation
+    from hf_vanilla_transformer.data import corpora, pipeline
 
     monkeypatch.setattr(datasets.config, "DEFAULT_MAX_BATCH_SIZE", 10)  # what a writer left to its default would use
     monkeypatch.setattr(corpora, "WRITE_BATCH", 1300)
-    monkeypatch.setattr(preparation, "RECORD_BATCH", 2000)
-    monkeypatch.setattr(preparation, "MAP_BATCH", 300)
+    monkeypatch.setattr(pipeline, "RECORD_BATCH", 2000)
+    monkeypatch.setattr(pipeline, "MAP_BATCH", 300)
     (tmp_path / "large.tsv").write_text(FIXTURE.read_text(encoding="utf-8") * 13, encoding="utf-8")  # 2,600 pairs
     train = corpora.parallel_files_corpus(str(tmp_path / "large.tsv"), cache_dir=tmp_path)["train"]
     assert [batch.num_rows for batch in train.data.table.to_batches()] == [1300, 1300]
-    encoded = preparation.tokenize_training_split(train, tokenizer, max_length=40, cache_dir=tmp_path, num_proc=1)
-    whole = preparation.encode_pairs(train[:], tokenizer, max_length=40)  # every pair at once, as lists
+    encoded = pipeline.tokenize_training_split(train, tokenizer, max_length=40, cache_dir=tmp_path, num_proc=1)
+    whole = pipeline.encode_pairs(train[:], tokenizer, max_length=40)  # every pair at once, as lists
     assert encoded["input_ids"] == whole["input_ids"] and encoded["labels"] == whole["labels"]
     assert encoded["target_length"] == whole["target_length"] and 0 < len(encoded) < len(train)
-    kept = [len(preparation.encode_pairs(train[i : i + 2000], tokenizer, 40)["labels"]) for i in (0, 2000)]
+    kept = [len(pipeline.encode_pairs(train[i : i + 2000], tokenizer, 40)["labels"]) for i in (0, 2000)]
     assert [batch.num_rows for batch in encoded.data.table.to_batches()] == kept and kept[0] > 1000

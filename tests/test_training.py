@@ -12,7 +12,6 @@ import torch
 from transformers import AutoTokenizer, TrainerState
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.evaluation.length_penalty import length_penalty_choices
 from hf_vanilla_transformer.evaluation.translation import evaluate_translations
 from hf_vanilla_transformer.model import REMOTE_CODE_FILES
 from hf_vanilla_transformer.training import callbacks as callbacks_module
@@ -25,6 +24,7 @@ from hf_vanilla_transformer.training.arguments import (
 )
 from hf_vanilla_transformer.training.averaging import average_checkpoints, average_last_checkpoints, checkpoint_folders
 from hf_vanilla_transformer.training.callbacks import TrainingProgressCallback
+from hf_vanilla_transformer.training.choices import length_penalty_choices
 from hf_vanilla_transformer.training.preparation import build_model, prepare_run
 from hf_vanilla_transformer.training.trainer import noam_factor, noam_schedule
 

@@ -1,7 +1,7 @@
 """Scale benchmark: a WMT-sized corpus through the data pipeline, from a raw TSV to the first update.
 
 For each corpus size N it writes (once, kept in `work_dir`) a TSV of N pairs made from the offline LibreOffice help
-corpus, then runs the real `scripts/train.py` on it for `max_steps` updates, three ways:
+corpus, then runs the real `vanilla-transformer train` on it for `max_steps` updates, three ways:
 
 * **cold**: one process, an empty data cache: read the TSV into Arrow, learn the BPE on its capped sample, tokenize in
   parallel, lengths and batches, build, plan, first update;
@@ -31,16 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..configs import config_files
 from ..utils.machine import describe_machine, memory_now, peak_rss_bytes, reset_peak_rss
 from .measure import versions
 
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
 @dataclass
 class ScaleBenchmarkConfig:
-    """What to measure; every field is a flag of `scripts/scale_benchmark.py`."""
+    """What to measure; every field is a flag of `vanilla-transformer scale-benchmark`."""
 
     pairs: list[int] = field(default_factory=lambda: [1_000_000, 4_500_000])
     work_dir: str = "runs/scale"
@@ -85,10 +83,11 @@ def synthesize_corpus(pairs: int, folder: Path, seed: int = 0, held_out: int = 2
 
 
 def train_command(files: dict, output: Path, cache: Path, options: ScaleBenchmarkConfig, base: bool = False) -> list:
-    """scripts/train.py on the synthetic files for `max_steps` updates, nothing but what reaches the first update."""
+    """`vanilla-transformer train` (as `-m hf_vanilla_transformer train`) on the synthetic files for `max_steps`
+    updates, nothing but what reaches the first update."""
     model = ["--recipe", "base"] if base else ["--preset", options.preset, "--vocab_size", str(options.vocab_size)]
     return [
-        str(ROOT / "scripts" / "train.py"),
+        *("-m", "hf_vanilla_transformer", "train"),
         *model,
         *("--data_files", str(files["train"]), "--validation_files", str(files["validation"])),
         *("--test_files", str(files["test"]), "--data_cache_dir", str(cache), "--output_dir", str(output)),
@@ -107,7 +106,7 @@ def run_training(command: list, output: Path, processes: int = 1) -> dict:
     if processes > 1:
         launcher = [
             *(sys.executable, "-m", "accelerate.commands.launch"),
-            *("--config_file", str(ROOT / "configs" / "accelerate" / "single_node_multi_gpu.yaml")),
+            *("--config_file", str(config_files("accelerate")["single_node_multi_gpu"])),
             *("--num_processes", str(processes), "--mixed_precision", "no", "--dynamo_backend", "no"),
         ]
     environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -161,7 +160,7 @@ def corpus_lengths(cache: Path) -> tuple[np.ndarray, np.ndarray] | None:
     """The source and target lengths of the tokenized training split in a data cache, if there is one."""
     from datasets import Dataset, concatenate_datasets
 
-    from ..data.preparation import lengths
+    from ..data.pipeline import lengths
 
     shards = sorted(cache.glob("tokenized/*/*/train*.arrow"))
     return lengths(concatenate_datasets([Dataset.from_file(str(path)) for path in shards])) if shards else None

@@ -13,6 +13,7 @@ import torch
 from transformers import MarianConfig, MarianMTModel
 from transformers.generation import CompileConfig
 
+from ..evaluation.translation import decoding_compile_config
 from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..model.inputs_vanilla_transformer import without_host_reads
 from ..model.loss_vanilla_transformer import label_smoothed_loss
@@ -139,14 +140,11 @@ def generation_inputs(options: BenchmarkConfig) -> dict[str, torch.Tensor]:
 
 
 def compile_config(model, options: BenchmarkConfig) -> CompileConfig:
-    """generate()'s own compile path for `model`: ours with `fullgraph=True` (any graph break fails), Marian as it
-    compiles; on a CPU transformers must be told to compile at all."""
-    config = CompileConfig(
-        fullgraph=isinstance(model, VanillaTransformerForConditionalGeneration),
-        mode="reduce-overhead" if options.device == "cuda" else "default",
+    """generate()'s own compile path for `model`, as `translate()` compiles: ours with `fullgraph=True` (any graph
+    break fails), Marian as it compiles."""
+    return decoding_compile_config(
+        options.device, fullgraph=isinstance(model, VanillaTransformerForConditionalGeneration)
     )
-    config._compile_all_devices = options.device != "cuda"
-    return config
 
 
 def make_generate(model, inputs: dict, num_beams: int, compiled: bool, options: BenchmarkConfig) -> Callable:

@@ -309,3 +309,19 @@ def inference_batches(
             current, longest = [], lengths[index]
         current.append(index)
     return [*batches, current] if current else batches
+
+
+class BatchSamplers:
+    """One token-budget batch sampler per batch size over a training split's lengths, built once and shared by the
+    planner (calibration, epoch sizes) and the Trainer. Every size shares one array of the pairs' length groups (2
+    bytes a pair), made from the chunks of the lengths (`data.pipeline.length_chunks`: the memory-mapped length
+    columns, a record batch at a time; the lengths are never copied)."""
+
+    def __init__(self, chunks: tuple[list[np.ndarray], list[np.ndarray]], seed: int):
+        self.groups = LengthSortedSampler.of_chunks(*chunks, seed=seed)
+        self.samplers: dict[int, TokenBudgetBatchSampler] = {}
+
+    def of(self, max_tokens: int) -> TokenBudgetBatchSampler:
+        if max_tokens not in self.samplers:
+            self.samplers[max_tokens] = TokenBudgetBatchSampler.over(self.groups, max_tokens)
+        return self.samplers[max_tokens]

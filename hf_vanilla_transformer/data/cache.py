@@ -26,7 +26,8 @@ from pathlib import Path
 
 from datasets import Dataset
 
-from .errors import DEFAULT_CACHE
+
+DEFAULT_CACHE = Path(os.environ.get("HF_VANILLA_TRANSFORMER_DATA", Path.home() / ".cache" / "hf_vanilla_transformer"))
 
 
 KEEP_TOKENIZED = 2  # tokenizations kept per corpus

@@ -25,8 +25,8 @@ from datasets import Dataset, DatasetDict, Features, Value
 from datasets.arrow_writer import ArrowWriter
 
 from .cache import building, cache_root, complete_folder, files_key
-from .errors import SPLITS, CorpusError
 from .libreoffice import libreoffice_help_corpus, libreoffice_ui_corpus
+from .splits import SPLITS, CorpusError
 
 
 logger = logging.getLogger(__name__)

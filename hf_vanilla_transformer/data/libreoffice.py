@@ -31,7 +31,8 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict, load_from_disk
 
 from ..utils.files import replace_folder_atomically
-from .errors import DEFAULT_CACHE, SPLITS, CorpusError
+from .cache import cache_root
+from .splits import SPLITS, CorpusError
 
 
 logger = logging.getLogger(__name__)
@@ -212,7 +213,7 @@ def libreoffice_help_corpus(
     if source_lang.lower() not in ("en", "en-us"):
         raise ValueError(f"source_lang={source_lang!r}: the LibreOffice help is written in English; use 'en'.")
     suffix, folder = debian_language(target_lang)
-    cache_dir = Path(cache_dir or DEFAULT_CACHE)
+    cache_dir = cache_root(cache_dir)
     cached = cache_dir / f"libreoffice-help-en-{suffix}"
     if (cached / "dataset_dict.json").exists():
         return load_from_disk(str(cached))
@@ -251,7 +252,7 @@ def read_mo_catalogue(path: Path) -> Iterator[tuple[str, str]]:
 def libreoffice_ui_corpus(target_lang: str = "de", cache_dir: str | Path | None = None) -> DatasetDict:
     """The LibreOffice user-interface strings (`libreoffice-l10n-<lang>`), split by catalogue file like the help."""
     suffix, _ = debian_language(target_lang)
-    cache_dir = Path(cache_dir or DEFAULT_CACHE)
+    cache_dir = cache_root(cache_dir)
     cached = cache_dir / f"libreoffice-ui-en-{suffix}"
     if (cached / "dataset_dict.json").exists():
         return load_from_disk(str(cached))

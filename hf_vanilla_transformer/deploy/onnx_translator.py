@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.batching import inference_batches
 from .onnx import ONNX_FILES, cache_names
 from .rules import EARLY_STOPPING, EXPORT_INFO, PENALTY_NAMES, decoding_arguments
 
@@ -81,9 +82,7 @@ class OnnxTranslator:
         if not texts:
             return outputs
         sources = self.encode([sentences[i] for i in texts])
-        order = sorted(range(len(texts)), key=lambda i: -len(sources[i]))  # longest first: little padding
-        for start in range(0, len(order), max_batch_size):
-            chunk = order[start : start + max_batch_size]
+        for chunk in inference_batches([len(source) for source in sources], max_sentences=max_batch_size):
             ids = self.search([sources[i] for i in chunk], num_beams, alpha, relative, **rules)
             for i, tokens in zip(chunk, ids, strict=True):
                 outputs[texts[i]] = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()

@@ -1,12 +1,17 @@
 """What every export shares: the file that records an export's facts beside the engine's own files, and the model's
 decoding rules as the exports record and apply them (the beams, the length penalty α and its form, early stopping,
-the relative length limit of §6.1)."""
+the relative length limit of §6.1). The rules themselves live with the model (`model/decoding_vanilla_transformer.py`);
+this file reads them."""
 
 from __future__ import annotations
 
+from ..model.decoding_vanilla_transformer import LENGTH_PENALTY_TYPES, RELATIVE_MAX_LENGTH
+
 
 EXPORT_INFO = "hf_vanilla_transformer_export.json"  # what an export holds that the engine's files do not say
-PENALTY_NAMES = {"gnmt": "GNMT's ((5 + |Y|) / 6)^alpha", "hf": "transformers' |Y|^alpha"}
+PENALTY_NAMES = dict(
+    zip(LENGTH_PENALTY_TYPES, ("GNMT's ((5 + |Y|) / 6)^alpha", "transformers' |Y|^alpha"), strict=True)
+)
 EARLY_STOPPING = (True, False, "never")
 
 
@@ -18,7 +23,7 @@ def recorded_decoding(generation) -> dict:
         "length_penalty": 1.0 if generation.length_penalty is None else generation.length_penalty,
         "length_penalty_type": getattr(generation, "length_penalty_type", None) or "hf",
         "early_stopping": False if generation.early_stopping is None else generation.early_stopping,
-        "relative_max_length": getattr(generation, "relative_max_length", 50),
+        "relative_max_length": getattr(generation, "relative_max_length", RELATIVE_MAX_LENGTH),
     }
 
 

@@ -69,10 +69,15 @@ def compile_pays(compile: str, device: torch.device | str, sentences: int) -> bo
     return threshold is not None and sentences >= threshold
 
 
-# generate()'s own compile path (transformers' `CompileConfig`): a static cache, the decoding step compiled with
-# `fullgraph=True`, the first pass eager. transformers compiles on accelerators only unless told otherwise.
-COMPILED_DECODING = {"cpu": CompileConfig(fullgraph=True, mode="default"), "cuda": CompileConfig(fullgraph=True)}
-COMPILED_DECODING["cpu"]._compile_all_devices = True
+def decoding_compile_config(device: torch.device | str, fullgraph: bool = True) -> CompileConfig:
+    """generate()'s own compile path (transformers' `CompileConfig`) on `device`: the decoding step compiled (with
+    `fullgraph`: any graph break fails), CUDA graphs on CUDA (`reduce-overhead`), the first pass eager.
+    transformers compiles on accelerators only unless told otherwise (its private `_compile_all_devices`, set here
+    alone)."""
+    on_cuda = torch.device(device).type == "cuda"
+    config = CompileConfig(fullgraph=fullgraph, mode="reduce-overhead" if on_cuda else "default")
+    config._compile_all_devices = not on_cuda
+    return config
 
 
 @contextmanager
@@ -84,10 +89,9 @@ def compiled_decoding(device: torch.device | str = "cpu"):
     compiled in a process against one code object; the block raises dynamo's recompile limit (8 by default, after
     which `fullgraph=True` fails) so that batch shapes and earlier compiled models cannot exhaust it.
     """
-    kind = "cuda" if torch.device(device).type == "cuda" else "cpu"
     limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     with torch._dynamo.config.patch(recompile_limit=limit):
-        yield {"cache_implementation": "static", "compile_config": COMPILED_DECODING[kind]}
+        yield {"cache_implementation": "static", "compile_config": decoding_compile_config(device)}
 
 
 @torch.no_grad()
@@ -107,7 +111,7 @@ def translate(
     Empty and whitespace-only sentences come back empty without reaching the model (which would only invent a
     sentence for them). `generate_kwargs` go to `model.generate` (e.g. `num_beams=1` for greedy decoding).
     `compile` ("auto", "always", "never") decides whether the decoding step runs compiled (`compile_pays`); the
-    tokens are the same either way.
+    tokens are the same either way. The model runs in eval mode and is left in the mode it was given in.
     """
     if isinstance(sentences, str):
         raise TypeError("translate() takes a list of sentences; wrap a single one in a list.")
@@ -115,7 +119,15 @@ def translate(
     for sentence in sentences:
         if not isinstance(sentence, str):
             raise TypeError(f"translate() takes a list of strings; got a {type(sentence).__name__}: {sentence!r:.80}.")
+    training = model.training
     model.eval()
+    try:
+        return _translate(model, tokenizer, sentences, max_tokens, max_sentences, progress, compile, generate_kwargs)
+    finally:
+        model.train(training)
+
+
+def _translate(model, tokenizer, sentences, max_tokens, max_sentences, progress, compile, generate_kwargs) -> list[str]:
     texts = [i for i, sentence in enumerate(sentences) if sentence.strip()]  # the sentences to translate
     encoded = tokenizer([sentences[i] for i in texts])["input_ids"] if texts else []
     outputs: list[str] = [""] * len(sentences)

@@ -13,7 +13,8 @@ from transformers.generation import GenerationConfig, GenerationMixin, StoppingC
 from .inputs_vanilla_transformer import _check_ids
 
 
-LENGTH_PENALTY_TYPES = ("gnmt", "hf")
+LENGTH_PENALTY_TYPES = ("gnmt", "hf")  # GNMT's ((5 + |Y|) / 6)^alpha, transformers' |Y|^alpha
+RELATIVE_MAX_LENGTH = 50  # §6.1: at most input length + 50 tokens
 
 
 def gnmt_length_penalty(length: int | torch.Tensor, alpha: float) -> float | torch.Tensor:
@@ -63,7 +64,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
     ):
         """`GenerationMixin.generate` with the paper's length rules on top.
 
-        `relative_max_length=N` (default 50 from the generation config; `None` turns it off) lets each sentence
+        `relative_max_length=N` (default `RELATIVE_MAX_LENGTH` = 50 from the generation config; `None` turns it off) lets each sentence
         produce at most its own number of real source tokens + N; `max_new_tokens` or `max_length`, when passed,
         still cap every sentence. Without a source (no `input_ids`, `inputs_embeds` or `encoder_outputs`) the rule
         steps aside and, as in transformers' encoder-decoders, the source is BOS alone. `length_penalty_type="gnmt"`
@@ -195,7 +196,7 @@ def default_generation_config(config) -> GenerationConfig:
         num_beams=4,
         length_penalty=0.6,
         length_penalty_type="gnmt",
-        relative_max_length=50,
+        relative_max_length=RELATIVE_MAX_LENGTH,
         early_stopping=True,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,

@@ -10,9 +10,9 @@ from transformers import (
     Seq2SeqTrainingArguments,
 )
 
-from ..evaluation.length_penalty import length_penalty_choices
 from ..model.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from .averaging import AVERAGE_WINDOW
+from .choices import budgeted, length_penalty_choices, preset_choices, token_choices
 
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,10 @@ class ModelDataArguments:
     )
     recipe: str | None = field(
         default=None,
-        metadata={"help": "A recipe file (cpu, base, big in configs/recipes/, or a path); flags override its values."},
+        metadata={
+            "help": "A recipe shipped with the package by name (cpu, gpu, base, big), or a YAML/JSON file of flags; "
+            "flags override its values."
+        },
     )
     max_minutes: float | None = field(
         default=None,
@@ -301,74 +304,6 @@ def parse_config_overrides(text: str | None) -> dict:
                 f"config_overrides: {name}={value!r} is invalid; expected a {type(default).__name__}."
             ) from None
     return overrides
-
-
-def token_choices(recipe) -> list[int]:
-    """The batch sizes (max_tokens) the planner may choose from, largest first: `max_tokens_choices` where given
-    (the command line's `max_tokens` is then their first: `settle_choices`), else `max_tokens`."""
-    return _token_list(recipe.max_tokens_choices) if recipe.max_tokens_choices else [recipe.max_tokens]
-
-
-def _token_list(text: str) -> list[int]:
-    try:
-        choices = sorted({int(value) for value in text.split(",")}, reverse=True)
-    except ValueError:
-        choices = []
-    if not choices or min(choices) < 1:
-        raise ValueError(f"max_tokens_choices={text!r} is invalid; expected positive token counts such as '2048,1024'.")
-    return choices
-
-
-def preset_choices(recipe) -> list[str]:
-    """The model sizes the planner may choose from, largest first: `preset_choices` where given (the command line's
-    `preset` is then their first: `settle_choices`), else `preset`."""
-    return _preset_list(recipe.preset_choices) if recipe.preset_choices else [recipe.preset]
-
-
-def _preset_list(text: str) -> list[str]:
-    choices = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in choices if name not in PRESETS]
-    if not choices or unknown:
-        raise ValueError(
-            f"preset_choices={text!r} is invalid; expected presets from {sorted(PRESETS)} separated by commas, "
-            "largest first, such as 'small,compact'."
-        )
-    return choices
-
-
-def budgeted(recipe, args) -> bool:
-    """Whether the run's length is measured to fit a time budget (max_minutes without max_steps)."""
-    return recipe.max_minutes is not None and args.max_steps <= 0
-
-
-CHOICE_LISTS = {"preset_choices": "preset", "max_tokens_choices": "max_tokens"}
-
-
-def settle_choices(recipe: ModelDataArguments, args: TransformerTrainingArguments, given: set[str]) -> None:
-    """The lists of choices as the run can honour them, `given` naming the flags of the command line.
-
-    A list given on the command line sets the value it starts from (`--preset_choices base,small` trains base or
-    small, whatever the recipe's preset); a recipe file's list gives way to a value given instead (`--preset tiny`
-    over the CPU recipe trains tiny) and to a run with nothing to choose by (a given length; a saved model). A list
-    given that the run cannot honour is an error naming it, never dropped."""
-    for name, value_name in CHOICE_LISTS.items():
-        choices = getattr(recipe, name)
-        if not choices:
-            continue
-        first = _preset_list(choices)[0] if name == "preset_choices" else _token_list(choices)[0]
-        if name in given:
-            if value_name in given and getattr(recipe, value_name) != first:
-                raise ValueError(
-                    f"--{value_name} {getattr(recipe, value_name)} and --{name} {choices} disagree: the planner starts "
-                    "from the first choice; give one or the other."
-                )
-            setattr(recipe, value_name, first)  # the checks of check_run_arguments name what cannot be honoured
-        elif (
-            (value_name in given and getattr(recipe, value_name) != first)
-            or not budgeted(recipe, args)
-            or (name == "preset_choices" and recipe.model_name_or_path)
-        ):
-            setattr(recipe, name, None)
 
 
 def check_run_arguments(recipe: ModelDataArguments, args: TransformerTrainingArguments) -> None:

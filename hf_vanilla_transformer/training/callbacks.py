@@ -3,18 +3,17 @@ carried into every checkpoint, and the progress line."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import sys
 import time
-from pathlib import Path
 
 from transformers import ProgressCallback, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from ..utils.distributed import main_process_decides, main_process_value
-from ..utils.files import write_json_atomically
-from .planning import BUDGET_FILE, BudgetPlan
+from .plan_record import plan_state, write_plan
+from .planning import BudgetPlan
 from .replanning import (
     CHANGE_AT_LEAST,
     RefitRules,
@@ -62,11 +61,11 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
 
     def __init__(
         self,
-        plan: dict,
+        plan: BudgetPlan | dict,
         deadline_seconds: float | None = None,
         rules: RefitRules | None = None,
     ):
-        self.plan = plan
+        self.plan = plan if isinstance(plan, BudgetPlan) else BudgetPlan.from_dict(plan)  # (dict: from a checkpoint)
         now = time.monotonic()
         self.deadline = now + deadline_seconds if deadline_seconds is not None else None
         self.rules = rules if self.deadline is not None else None
@@ -77,7 +76,7 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         self.last_save = self.last_evaluation = 0  # the updates of the last checkpoint and validation
 
     def state(self) -> dict:
-        return {"args": {"plan": self.plan}, "attributes": {}}
+        return plan_state(self.plan)
 
     def on_train_begin(self, args, state, control, **kwargs):
         # The Trainer runs to an upper bound (planning.trainer_arguments); the plan's length is the one that counts.
@@ -122,8 +121,8 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
             # The test decoding, predicted anew from this validation's decoding speed, moves the deadline.
             check = (metrics or {}).get("eval_source_check_seconds")
             decode = predicted_decode_seconds(self.rules, seconds, self.meter.seconds_per_update, check)
-            self.deadline += (self.plan.get("predicted_decode_seconds") or 0.0) - decode
-            self.plan = {**self.plan, "predicted_decode_seconds": decode}
+            self.deadline += (self.plan.predicted_decode_seconds or 0.0) - decode
+            self.plan = dataclasses.replace(self.plan, predicted_decode_seconds=decode)
             self._replan(args, state, f"the validation at update {state.global_step:,}")
         return control
 
@@ -133,19 +132,19 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         return control
 
     def _apply(self, state) -> None:
-        state.max_steps = self.plan["max_steps"]
+        state.max_steps = self.plan.max_steps
         if self.rules is not None:  # spaced by `_space_events`: the Trainer's multiples never come
             state.save_steps, state.eval_steps = 0, NEVER
             return
-        state.save_steps = self.plan["save_steps"]
-        if self.plan.get("eval_steps"):
-            state.eval_steps = self.plan["eval_steps"]
+        state.save_steps = self.plan.save_steps
+        if self.plan.eval_steps:
+            state.eval_steps = self.plan.eval_steps
 
     def _space_events(self, state, control) -> None:
         """A checkpoint once the plan's spacing has passed since the last one; a validation with it once its own
         spacing has (nearly) passed, or on its own where validations come more often than checkpoints. (The run's
         last update saves and validates through the Trainer's own rule.)"""
-        step, save, evaluate = state.global_step, self.plan["save_steps"], self.plan.get("eval_steps")
+        step, save, evaluate = state.global_step, self.plan.save_steps, self.plan.eval_steps
         if step >= state.max_steps:
             return
         saving = step - self.last_save >= save
@@ -158,11 +157,11 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         """Whether the first updates prove the calibrated choice of model and batch size wrong enough to start
         again with a better one (`replanning.better_candidate`); every process takes the main process's answer. A
         run that started again already keeps its choice (its length is re-planned as any run's)."""
-        rate, planned = self._steady_rate(state.global_step), self.plan.get("seconds_per_update")
-        if rate is None or not planned or self.plan.get("switched_from"):  # a run starts again once at most
+        rate, planned = self._steady_rate(state.global_step), self.plan.seconds_per_update
+        if rate is None or not planned or self.plan.switched_from:  # a run starts again once at most
             return False
-        checkpoint = self.plan.get("checkpoint_seconds") or 0.0
-        validation = self.plan.get("validation_seconds") or 0.0
+        checkpoint = self.plan.checkpoint_seconds or 0.0
+        validation = self.plan.validation_seconds or 0.0
         left = self.deadline - time.monotonic()
         choice = better_candidate(self.plan, self.rules, rate / planned, left, checkpoint, validation)
         self.switch = main_process_value(choice)
@@ -194,29 +193,29 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         if rate is None:
             return
         step = state.global_step
-        checkpoint = self.meter.typical_pause("checkpoint", self.plan.get("checkpoint_seconds") or 0.0)
-        validation = self.meter.typical_pause("validation", self.plan.get("validation_seconds") or 0.0)
+        checkpoint = self.meter.typical_pause("checkpoint", self.plan.checkpoint_seconds or 0.0)
+        validation = self.meter.typical_pause("validation", self.plan.validation_seconds or 0.0)
         new = refit(self.plan, self.rules, step, rate, self.deadline - time.monotonic(), checkpoint, validation)
         new = main_process_value(new)
-        old = self.plan["max_steps"]
-        if not always and abs(new["max_steps"] - old) < CHANGE_AT_LEAST * old:
+        old = self.plan.max_steps
+        if not always and abs(new.max_steps - old) < CHANGE_AT_LEAST * old:
             return
-        change = {"at": step, "after": after, "seconds_per_update": rate, "max_steps": new["max_steps"], "was": old}
-        self.plan = {**new, "replans": [*self.plan.get("replans", []), change]}
+        change = {"at": step, "after": after, "seconds_per_update": rate, "max_steps": new.max_steps, "was": old}
+        self.plan = dataclasses.replace(new, replans=[*self.plan.replans, change])
         self._apply(state)
         logger.warning(
             "re-planned after %s: %.3f s per update measured (%.3f s planned): %s -> %s updates, a checkpoint every "
             "%s%s",
             after,
             rate,
-            self.plan.get("seconds_per_update") or float("nan"),
+            self.plan.seconds_per_update or float("nan"),
             f"{old:,}",
-            f"{new['max_steps']:,}",
-            f"{new['save_steps']:,}",
-            f", validation every {new['eval_steps']:,}" if new.get("eval_steps") else "",
+            f"{new.max_steps:,}",
+            f"{new.save_steps:,}",
+            f", validation every {new.eval_steps:,}" if new.eval_steps else "",
         )
         if args.should_save:
-            write_json_atomically(Path(args.output_dir) / BUDGET_FILE, self.plan)
+            write_plan(args.output_dir, self.plan)
 
 
 class SetupClockCallback(TrainerCallback):
@@ -298,20 +297,3 @@ class TrainingProgressCallback(ProgressCallback):
 
 def _tokens_seen(state) -> int:
     return int(getattr(state, "num_input_tokens_seen", 0) or 0)
-
-
-def recorded_plan(output_dir: str | Path, checkpoint: str | Path | None) -> BudgetPlan | None:
-    """The plan of an interrupted run: from the checkpoint it resumes from, else from the run's `budget.json`."""
-    if checkpoint is not None:
-        state_file = Path(checkpoint) / "trainer_state.json"
-        if state_file.exists():
-            state = json.loads(state_file.read_text(encoding="utf-8"))
-            saved = state.get("stateful_callbacks", {}).get(TimeBudgetCallback.__name__)
-            if isinstance(saved, list):  # several instances are saved as a list
-                saved = saved[0] if saved else None
-            if saved:
-                return BudgetPlan.from_dict(saved["args"]["plan"])
-    budget_file = Path(output_dir) / BUDGET_FILE
-    if budget_file.exists():
-        return BudgetPlan.from_dict(json.loads(budget_file.read_text(encoding="utf-8")))
-    return None

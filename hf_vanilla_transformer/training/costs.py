@@ -9,12 +9,22 @@ import math
 from collections.abc import Callable
 
 
-# Decoding one test sentence with beam 4 costs about as much as training on this many tokens per side (an update's
-# time divided by its tokens per batch): 1,152 sentences took 64 s at 0.86 s per 2,048-token update (EPYC, AVX2,
-# fp32: 132 tokens), 75 s at 0.48 s per 1,024-token update (EPYC, fp32: 140), 22.4 s at 0.29 s per 2,048-token
-# update (Xeon, AMX, bf16: 137), 57 s at 0.54 s per 1,024-token update (a slower EPYC, fp32: 94); greedy validation
-# about half. The largest of them.
-DECODE_TOKENS_PER_SENTENCE = {1: 90, 4: 140}
+# One model of what decoding costs, for the plan and its re-plans. A greedy sentence costs about as much as training
+# on this many tokens per side (an update's time over its tokens per batch): 12.7 ms a sentence at 0.26 s per
+# 1,024-token update on a 2-core Xeon without AMX in fp32 (50), 14.7 ms at 0.37 s per 2,048-token update on a Zen 5
+# EPYC in bf16 (81).
+GREEDY_TOKENS_PER_SENTENCE = 47
+# A sentence with 4 beams, against a greedy one, as the main job meets it (the choice of alpha and the test split,
+# 1,752 beam-4 sentences, against the run's last validation): 2.33 and 2.88 on the Xeon (2026-11-25; 51.7 s and
+# 63.8 s); 1.7 on the Zen 5 (2026-11-26; 43.5 s). Beam 4 from greedy's 47 tokens: 141, as 1,152 test sentences
+# measured from the update's time (132 and 140 on EPYCs in fp32, 137 on a Xeon with AMX in bf16, 94 on a slower EPYC).
+# Above the largest: a prediction too long ends a run a few seconds early, one too short ends it late.
+BEAM4_PER_GREEDY = 3.0
+
+
+def decode_cost(beams: int) -> float:
+    """What a sentence decoded with `beams` beams costs, in greedy sentences."""
+    return 1.0 if beams <= 1 else BEAM4_PER_GREEDY * beams / 4
 
 
 # What the planner keeps back: Trainer's own work per update (collation, scheduler, logging, token counting, the
@@ -59,10 +69,8 @@ def updates_that_fit(
 def decode_seconds(sentences: int, beams: int, seconds_per_update: float, tokens_per_update: int) -> float:
     """Predicted time to translate `sentences` with `beams` beams, from the time of an update of
     `tokens_per_update` tokens per side of the same model on the same machine."""
-    per_token = seconds_per_update / tokens_per_update
-    if beams <= 1:
-        return sentences * DECODE_TOKENS_PER_SENTENCE[1] * per_token
-    return sentences * DECODE_TOKENS_PER_SENTENCE[4] * max(1, beams) / 4 * per_token
+    greedy = GREEDY_TOKENS_PER_SENTENCE * seconds_per_update / tokens_per_update
+    return sentences * greedy * decode_cost(beams)
 
 
 def validation_loss_seconds(pairs: int, seconds_per_update: float, source_check: bool) -> float:

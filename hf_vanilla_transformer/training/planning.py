@@ -12,7 +12,9 @@ A recipe that counts updates keeps its promise on one kind of machine only: the 
    and records the plan in `budget.json`, in every checkpoint's trainer state and in `results.json`, so that a
    resumed run keeps it: a run is reproducible for a seed on a given machine.
 
-The plan never changes the user's arguments: `trainer_arguments` gives the Trainer a copy with the plan's values.
+The plan is a value: made here, changed only by making a new one (`dataclasses.replace`: the re-plans of
+`replanning.py`), written and read back by `plan_record.py`. It never changes the user's arguments:
+`trainer_arguments` gives the Trainer a copy with the plan's values.
 """
 
 from __future__ import annotations
@@ -21,14 +23,13 @@ import copy
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from ..evaluation.length_penalty import length_penalty_choices
 from ..utils.machine import describe_device
-from .arguments import budgeted, preset_choices, token_choices
 from .calibration import Measurement, Timing, measure_checkpoint_seconds, measure_choices
+from .choices import budgeted, length_penalty_choices, preset_choices, token_choices
 from .costs import (
     FINISHING_SECONDS,
     SAFETY,
@@ -39,9 +40,6 @@ from .costs import (
 )
 from .device import training_device
 from .schedule import accumulation_for, lr_scale_for, peak_learning_rate, schedule_for
-
-
-BUDGET_FILE = "budget.json"
 
 
 @dataclass
@@ -194,16 +192,20 @@ def new_plan(context: PlanContext) -> BudgetPlan:
         rule = "the largest that gives" if fit.enough else "none gives"
         reason = f"the {preset} model ({', '.join(presets)}: {rule} {recipe.min_updates or 0:,} updates); {reason}"
     plan = _schedule(context, model, fit.max_steps, fit.max_tokens, measurement, [*reasons, reason], measured)
-    plan.preset = preset
-    plan.max_minutes = recipe.max_minutes
-    plan.seconds_per_update = fit.seconds_per_update
-    plan.seconds_per_new_shape, plan.once_seconds = fit.timing.per_shape, fit.timing.once
-    plan.predicted_seconds_per_update = _predicted_per_update(context, fit.timing, fit.max_tokens, fit.max_steps)
-    plan.planned_training_seconds = fit.training_seconds
-    plan.predicted_decode_seconds = fit.decode_seconds
-    plan.checkpoint_seconds, plan.validation_seconds = fit.checkpoint_seconds, fit.validation_seconds
-    plan.candidates = candidates
-    return plan
+    return replace(
+        plan,
+        preset=preset,
+        max_minutes=recipe.max_minutes,
+        seconds_per_update=fit.seconds_per_update,
+        seconds_per_new_shape=fit.timing.per_shape,
+        once_seconds=fit.timing.once,
+        predicted_seconds_per_update=_predicted_per_update(context, fit.timing, fit.max_tokens, fit.max_steps),
+        planned_training_seconds=fit.training_seconds,
+        predicted_decode_seconds=fit.decode_seconds,
+        checkpoint_seconds=fit.checkpoint_seconds,
+        validation_seconds=fit.validation_seconds,
+        candidates=candidates,
+    )
 
 
 def _predicted_per_update(context: PlanContext, timing: Timing, max_tokens: int, updates: int) -> float:
@@ -258,13 +260,15 @@ def _given_length_plan(context: PlanContext) -> BudgetPlan:
     reasons = [*measurement.reasons, f"{max_steps:,} updates as given"]
     plan = _schedule(context, context.model, max_steps, max_tokens, measurement, reasons, measurement.measured)
     timing = measurement.per_size.get(max_tokens)
-    if timing is not None:
-        plan.seconds_per_update = timing.steady * accumulation
-        plan.seconds_per_new_shape, plan.once_seconds = timing.per_shape, timing.once
-        plan.predicted_seconds_per_update = _predicted_per_update(
-            context, timing.scaled(accumulation), max_tokens, max_steps
-        )
-    return plan
+    if timing is None:
+        return plan
+    return replace(
+        plan,
+        seconds_per_update=timing.steady * accumulation,
+        seconds_per_new_shape=timing.per_shape,
+        once_seconds=timing.once,
+        predicted_seconds_per_update=_predicted_per_update(context, timing.scaled(accumulation), max_tokens, max_steps),
+    )
 
 
 def _schedule(context, model, max_steps, max_tokens, measurement: Measurement, reasons, measured) -> BudgetPlan:
@@ -417,11 +421,11 @@ def trainer_arguments(args, plan: BudgetPlan, d_model: int, max_steps: int | Non
 
 def complete_recorded_plan(plan: BudgetPlan, recipe, args, d_model: int) -> BudgetPlan:
     """A plan recorded before it held the batch size, accumulation and lr_scale, with them computed as the run then
-    did."""
-    plan.max_tokens = plan.max_tokens or recipe.max_tokens
-    if plan.gradient_accumulation_steps is None:
-        plan.gradient_accumulation_steps = accumulation_for(recipe, args, plan.max_tokens or recipe.max_tokens)
-    if plan.lr_scale is None:
-        tokens = plan.max_tokens * plan.gradient_accumulation_steps * max(1, args.world_size)
-        plan.lr_scale = lr_scale_for(recipe, args, plan.warmup_steps, tokens, d_model)
-    return plan
+    did (a new plan: the one given is left as it is)."""
+    max_tokens = plan.max_tokens or recipe.max_tokens
+    accumulation = plan.gradient_accumulation_steps or accumulation_for(recipe, args, max_tokens)
+    lr_scale = plan.lr_scale
+    if lr_scale is None:
+        tokens = max_tokens * accumulation * max(1, args.world_size)
+        lr_scale = lr_scale_for(recipe, args, plan.warmup_steps, tokens, d_model)
+    return replace(plan, max_tokens=max_tokens, gradient_accumulation_steps=accumulation, lr_scale=lr_scale)

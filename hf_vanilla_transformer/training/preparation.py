@@ -23,41 +23,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from datasets import DatasetDict
-from tokenizers import Tokenizer
-from transformers import (
-    AutoTokenizer,
-    DataCollatorForSeq2Seq,
-    PreTrainedTokenizerFast,
-    ProgressCallback,
-    set_seed,
-)
+from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, ProgressCallback, set_seed
 
-from ..data.batching import LengthSortedSampler, TokenBudgetBatchSampler
-from ..data.corpora import hold_out, load_corpus
-from ..data.errors import CorpusError
-from ..data.preparation import learn_tokenizer, length_chunks, tokenize_corpus, tokenized_folder, tokenizer_to_text
-from ..data.tokenizer import check_special_tokens, wrap_tokenizer
-from ..evaluation.length_penalty import length_penalty_choices
+from ..data.tokenizer import check_special_tokens
 from ..evaluation.metrics import seq2seq_bleu_metrics
 from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, shift_tokens_right
-from ..utils.distributed import main_process_value
-from ..utils.files import write_json_atomically
+from ..utils.distributed import main_process_value, result_or_error
 from ..utils.stages import SetupClock
 from .arguments import ModelDataArguments, TransformerTrainingArguments, check_run_arguments, parse_config_overrides
 from .calibration import Measurement
-from .callbacks import (
-    SaveEveryCallback,
-    SetupClockCallback,
-    TimeBudgetCallback,
-    TrainingProgressCallback,
-    recorded_plan,
-)
+from .callbacks import SaveEveryCallback, SetupClockCallback, TimeBudgetCallback, TrainingProgressCallback
+from .choices import length_penalty_choices
 from .collapse import SourceCheckCallback
 from .costs import FINISHING_SECONDS
 from .device import pad_multiple, training_device
-from .planning import BUDGET_FILE, BudgetPlan, PlanContext, complete_recorded_plan, new_plan, trainer_arguments
+from .plan_record import recorded_plan, write_plan
+from .planning import BudgetPlan, PlanContext, complete_recorded_plan, new_plan, trainer_arguments
 from .replanning import RefitRules
+from .run_data import PreparedData, prepare_data
 from .schedule import updates_per_epoch
 from .trainer import TransformerTrainer, noam_factor
 
@@ -67,56 +51,35 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class PreparedRun:
-    """A run ready to train: the user's arguments as given, the plan, and the Trainer built from both."""
+    """A run ready to train: the user's arguments as given, the plan as made, the Trainer built from both, the data
+    it trains on, and the callbacks that hold what the run measures of itself: the budget's (the plan as re-fitted,
+    the Trainer's own seconds per update) and the source check's (None where it does not run)."""
 
     recipe: ModelDataArguments
     args: TransformerTrainingArguments
     plan: BudgetPlan
     trainer: TransformerTrainer
-    tokenizer: PreTrainedTokenizerFast
-    corpus: DatasetDict  # the held-out splits (the training text is not kept once tokenized)
+    data: PreparedData
     budget: TimeBudgetCallback
-    clock: SetupClock
+    source_check: SourceCheckCallback | None = None
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerFast:
+        return self.data.tokenizer
+
+    @property
+    def corpus(self) -> DatasetDict:
+        """The held-out splits (the training text is not kept once tokenized)."""
+        return self.data.corpus
+
+    @property
+    def clock(self) -> SetupClock:
+        return self.data.clock
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Tokenizer and model
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def build_tokenizer(recipe: ModelDataArguments, args: TransformerTrainingArguments, train, output_dir: Path):
-    """The model's own tokenizer when fine-tuning; else the one of an interrupted run in `output_dir`; else the
-    shared BPE of the training split (§5.1, `data.preparation.learn_tokenizer`: a capped sample, cached). The main
-    process makes it and hands it to the others as text, so that no process learns it again and no machine needs
-    to see the main one's files; the main process saves it in `output_dir/tokenizer`."""
-    if recipe.model_name_or_path:
-        return AutoTokenizer.from_pretrained(recipe.model_name_or_path)
-    tokenizer, text = None, None
-    if args.process_index == 0:
-        tokenizer = _result_or_error(_main_tokenizer, recipe, args, train, output_dir)
-        text = tokenizer if isinstance(tokenizer, Exception) else tokenizer_to_text(tokenizer)
-    text = main_process_value(text)
-    if isinstance(text, Exception):  # the main process failed: every process stops with its error
-        raise text
-    return tokenizer if tokenizer is not None else wrap_tokenizer(Tokenizer.from_str(text))
-
-
-def _main_tokenizer(recipe: ModelDataArguments, args: TransformerTrainingArguments, train, output_dir: Path):
-    """The main process's tokenizer: the interrupted run's, else the shared BPE (cached); saved for resuming."""
-    saved = output_dir / "tokenizer"
-    if (saved / "tokenizer.json").exists():
-        tokenizer = AutoTokenizer.from_pretrained(saved)
-    else:
-        tokenizer = learn_tokenizer(
-            train,
-            recipe.vocab_size,
-            recipe.scale_vocab_to_corpus,
-            recipe.bpe_sample_pairs,
-            cache_dir=recipe.data_cache_dir,
-        )
-    if args.should_save:
-        tokenizer.save_pretrained(saved)
-    return tokenizer
 
 
 def build_model(recipe: ModelDataArguments, tokenizer) -> VanillaTransformerForConditionalGeneration:
@@ -156,112 +119,54 @@ def prepare_run(
     resume: str | None = None,
     started: float | None = None,
     known: Measurement | None = None,
+    data: PreparedData | None = None,
 ) -> PreparedRun:
-    """Corpus, tokenizer, model, batches and the run's plan (its length, schedule, precision, attention, batch and
-    model size; measured to fit `max_minutes` where given, taken from the checkpoint `resume` when resuming), and the
-    Trainer that runs it. `started` (time.time()) is when the budget's clock started; `known` the time of an update
-    the Trainer measured (a run started again with another choice), used instead of a calibration."""
+    """Corpus, tokenizer, batches (`run_data.prepare_data`, or `data` already prepared: a run that starts again with
+    another choice builds only its model, plan and Trainer), model, and the run's plan (its length, schedule,
+    precision, attention, batch and model size; measured to fit `max_minutes` where given, taken from the checkpoint
+    `resume` when resuming), and the Trainer that runs it. `started` (time.time()) is when the budget's clock
+    started; `known` the time of an update the Trainer measured (a run started again), used instead of a
+    calibration."""
     started = time.time() if started is None else started
     check_run_arguments(recipe, args)
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    clock = SetupClock(started, rank=args.process_index)
-    corpus, tokenizer, train, evaluation = _prepare_data(recipe, args, output_dir, clock)
-    with clock.stage("model"):
+    if data is None:
+        data = prepare_data(recipe, args, output_dir, SetupClock(started, rank=args.process_index))
+    with data.clock.stage("model"):
         set_seed(args.seed)  # the initial weights depend on the seed alone (Trainer seeds only after the model exists)
-        model = build_model(recipe, tokenizer)
-    with clock.stage("lengths and batches") as facts:
-        batches = BatchSamplers(train, args.seed)
-        facts["batches"] = len(batches.of(recipe.max_tokens))
-    with clock.stage("plan"):
-        context = _plan_context(recipe, args, model, tokenizer, train, batches, evaluation, corpus, started)
+        model = build_model(recipe, data.tokenizer)
+    with data.clock.stage("plan"):
+        context = _plan_context(recipe, args, model, data, started)
         context.known = known
         plan = plan_run(context, resume)
         if plan.preset and plan.preset != recipe.preset:  # the planner chose another size: train that one
             set_seed(args.seed)
-            model = build_model(dataclasses.replace(recipe, preset=plan.preset), tokenizer)
+            model = build_model(dataclasses.replace(recipe, preset=plan.preset), data.tokenizer)
         if plan.attn_implementation:
             model.set_attn_implementation(plan.attn_implementation)
         plan = complete_recorded_plan(plan, recipe, args, model.config.d_model)
     rules = refit_rules(recipe, args, plan, context) if plan.max_minutes else None
-    budget = TimeBudgetCallback(plan.to_dict(), _deadline(plan, resume, started), rules)
-    callbacks = [*_callbacks(recipe, evaluation is not None), budget, SetupClockCallback(clock, output_dir)]
+    budget = TimeBudgetCallback(plan, _deadline(plan, resume, started), rules)
+    check = (
+        SourceCheckCallback(recipe.source_check)
+        if data.evaluation is not None and recipe.source_check != "off"
+        else None
+    )
+    extra = [SaveEveryCallback(recipe.save_minutes)] if recipe.save_minutes else []
+    callbacks = [*extra, *([check] if check else []), budget, SetupClockCallback(data.clock, output_dir)]
     bound = rules.max_updates if rules is not None else None  # room to re-plan into
-    trainer = _build_trainer(args, plan, model, tokenizer, train, evaluation, batches, callbacks, bound)
-    clock.write(output_dir)
-    return PreparedRun(recipe, args, plan, trainer, tokenizer, corpus, budget, clock)
+    trainer = _build_trainer(args, plan, model, data, callbacks, bound)
+    data.clock.write(output_dir)
+    return PreparedRun(recipe, args, plan, trainer, data, budget, check)
 
 
-def _prepare_data(recipe, args, output_dir: Path, clock: SetupClock):
-    """(held-out corpus, tokenizer, tokenized training split, tokenized validation pairs or None): the corpus read
-    and the training split tokenized once per machine (the machine's first process does it, the others read the
-    cache), the tokenizer made once per launch. The raw training text is not kept."""
-    with clock.stage("corpus"):
-        corpus = _load_corpus(recipe, args)
-    with clock.stage("tokenizer"):
-        tokenizer = build_tokenizer(recipe, args, corpus["train"], output_dir)
-    with clock.stage("tokenize") as facts:
-        with args.main_process_first(local=True, desc="tokenizing"):
-            folder = tokenized_folder(corpus["train"], tokenizer, recipe.max_length, recipe.data_cache_dir)
-            facts["tokenized_here"] = folder is None or not folder.exists()
-            encoded = tokenize_corpus(
-                corpus, tokenizer, recipe.max_length, recipe.data_cache_dir, recipe.preprocessing_num_workers
-            )
-        facts["pairs"] = len(encoded["train"])
-    held_out = DatasetDict({name: split for name, split in corpus.items() if name != "train"})
-    return held_out, tokenizer, encoded["train"], _validation_split(recipe, encoded)
-
-
-class BatchSamplers:
-    """One token-budget batch sampler per batch size over the training split's length columns, built once and
-    shared by the planner (calibration, epoch sizes) and the Trainer. Every size shares one array of the pairs'
-    length groups (2 bytes a pair), made from the memory-mapped length columns a record batch at a time: the
-    lengths are never copied."""
-
-    def __init__(self, train, seed: int):
-        self.groups = LengthSortedSampler.of_chunks(*length_chunks(train), seed=seed)
-        self.samplers: dict[int, TokenBudgetBatchSampler] = {}
-
-    def of(self, max_tokens: int) -> TokenBudgetBatchSampler:
-        if max_tokens not in self.samplers:
-            self.samplers[max_tokens] = TokenBudgetBatchSampler.over(self.groups, max_tokens)
-        return self.samplers[max_tokens]
-
-
-def _load_corpus(recipe: ModelDataArguments, args: TransformerTrainingArguments) -> DatasetDict:
-    """The corpus, with validation and test pairs held out of the training split where none are given; each
-    machine's first process fetches or reads it into the cache, then the others read it instead of racing it to
-    the same files."""
-    with args.main_process_first(local=True, desc="corpus"):
-        try:
-            corpus = load_corpus(
-                recipe.dataset,
-                recipe.source_lang,
-                recipe.target_lang,
-                recipe.data_files,
-                recipe.validation_files,
-                recipe.test_files,
-                recipe.data_cache_dir,
-                recipe.wmt14_dir,
-            )
-        except (ValueError, UnicodeDecodeError) as error:  # a bad file or language: one line naming it
-            raise CorpusError(str(error)) from error
-    return hold_out(corpus)
-
-
-def _validation_split(recipe: ModelDataArguments, encoded: DatasetDict):
-    """The validation pairs evaluated during training (at most `max_eval_samples`), or None."""
-    evaluation = encoded.get("validation")
-    if evaluation is not None and recipe.max_eval_samples is not None:
-        evaluation = evaluation.select(range(min(recipe.max_eval_samples, len(evaluation))))
-    return evaluation
-
-
-def _plan_context(recipe, args, model, tokenizer, train, batches, evaluation, corpus, started) -> PlanContext:
-    """What the planner reads: real batches of the training split (a spread of 12 for calibration), the epoch's
-    updates at a batch size, the held-out splits' sizes, and a way to build the recipe's other presets."""
-    collator = training_collator(tokenizer, model, args)
+def _plan_context(recipe, args, model, data: PreparedData, started: float) -> PlanContext:
+    """What the planner reads: real batches of the training split (for calibration), the epoch's updates at a batch
+    size, the held-out splits' sizes, and a way to build the recipe's other presets."""
+    collator = training_collator(data.tokenizer, model, args)
     multiple = pad_multiple(training_device(args))
+    batches, train, corpus, evaluation = data.batches, data.train, data.corpus, data.evaluation
 
     def sample_batches(max_tokens: int, count: int, taken: set) -> list[dict]:
         sampler = batches.of(max_tokens)
@@ -277,7 +182,7 @@ def _plan_context(recipe, args, model, tokenizer, train, batches, evaluation, co
         return batches.of(max_tokens).shapes_met(count, multiple)
 
     def build(preset: str) -> VanillaTransformerForConditionalGeneration:
-        return build_model(dataclasses.replace(recipe, preset=preset), tokenizer)
+        return build_model(dataclasses.replace(recipe, preset=preset), data.tokenizer)
 
     test = corpus["test"] if "test" in corpus else corpus.get("validation", [])
     validation_pairs = len(evaluation) if evaluation is not None else None
@@ -325,21 +230,12 @@ def plan_run(context: PlanContext, resume: str | None = None) -> BudgetPlan:
         if kept is not None and (resume is not None or kept.max_minutes is not None):
             logger.info("keeping the plan of the run being resumed: %s", kept.summary())
             return kept
-    plan = main_process_value(_result_or_error(new_plan, context))
+    plan = main_process_value(result_or_error(new_plan, context))
     if isinstance(plan, Exception):  # the main process failed: every process stops with its error
         raise plan
     if args.should_save:
-        write_json_atomically(Path(args.output_dir) / BUDGET_FILE, plan.to_dict())
+        write_plan(args.output_dir, plan)
     return plan
-
-
-def _result_or_error(function, *arguments):
-    """`function(*arguments)`, or the exception it raised: a process that fails before a collective still joins it
-    (every process must), and every process then raises the main process's error."""
-    try:
-        return function(*arguments)
-    except Exception as error:
-        return error
 
 
 def _deadline(plan: BudgetPlan, resume: str | None, started: float) -> float | None:
@@ -378,27 +274,19 @@ def refit_rules(recipe, args, plan: BudgetPlan, context: PlanContext) -> RefitRu
     )
 
 
-def _callbacks(recipe: ModelDataArguments, validates: bool) -> list:
-    """The recipe's own callbacks: timed checkpoints, and the source check where there are validation pairs."""
-    callbacks = [SaveEveryCallback(recipe.save_minutes)] if recipe.save_minutes else []
-    if validates and recipe.source_check != "off":
-        callbacks.append(SourceCheckCallback(recipe.source_check))
-    return callbacks
-
-
-def _build_trainer(args, plan, model, tokenizer, train, evaluation, batches, callbacks, bound) -> TransformerTrainer:
+def _build_trainer(args, plan, model, data: PreparedData, callbacks, bound) -> TransformerTrainer:
     """The Trainer of the plan: the user's arguments with the plan's values (a copy), token-budget batches of the
     plan's size, validation BLEU, and the progress line instead of the plain bar."""
     planned = trainer_arguments(args, plan, model.config.d_model, max_steps=bound)
-    sampler = batches.of(plan.max_tokens)
+    sampler = data.batches.of(plan.max_tokens)
     trainer = TransformerTrainer(
         model=model,
         args=planned,
-        train_dataset=train,
-        eval_dataset=evaluation,
-        data_collator=training_collator(tokenizer, model, args),
-        processing_class=tokenizer,
-        compute_metrics=seq2seq_bleu_metrics(tokenizer),
+        train_dataset=data.train,
+        eval_dataset=data.evaluation,
+        data_collator=training_collator(data.tokenizer, model, args),
+        processing_class=data.tokenizer,
+        compute_metrics=seq2seq_bleu_metrics(data.tokenizer),
         batch_sampler=sampler,
         callbacks=callbacks,
         source_check=any(isinstance(callback, SourceCheckCallback) for callback in callbacks),
@@ -407,7 +295,7 @@ def _build_trainer(args, plan, model, tokenizer, train, evaluation, batches, cal
         trainer.add_callback(TrainingProgressCallback(plan.seconds_per_update if plan.max_minutes else None))
     logger.info(
         "%d training pairs in %d batches of ~%.0f padded tokens; %d accumulation steps; peak lr %.2e",
-        len(train),
+        len(data.train),
         len(sampler),
         sampler.tokens_per_batch(),
         planned.gradient_accumulation_steps,

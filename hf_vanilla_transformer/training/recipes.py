@@ -1,9 +1,10 @@
-"""Training recipes as files: `configs/recipes/<name>.yaml` (cpu, gpu, base, big) or any YAML/JSON file of flags.
+"""Training recipes as files: one shipped with the package by name (cpu, gpu, base, big: `configs/recipes/`) or any
+YAML/JSON file of flags.
 
 A recipe holds values of `ModelDataArguments` and `TransformerTrainingArguments`; it becomes the defaults of
 `HfArgumentParser`, so every flag on the command line overrides it:
 
-    python scripts/train.py --recipe cpu --data_files mine.tsv --max_minutes 30 --output_dir runs/mine
+    vanilla-transformer train --recipe cpu --data_files mine.tsv --max_minutes 30 --output_dir runs/mine
 """
 
 from __future__ import annotations
@@ -16,21 +17,21 @@ import torch
 import yaml
 from transformers import HfArgumentParser
 
-from .arguments import ModelDataArguments, TransformerTrainingArguments, check_run_arguments, settle_choices
-
-
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "configs" / "recipes"
+from ..configs import config_files
+from .arguments import ModelDataArguments, TransformerTrainingArguments, check_run_arguments
+from .choices import settle_choices
 
 
 def recipe_file(name: str | Path) -> Path:
-    """The file of recipe `name`: a path to a .yaml/.yml/.json file, or the name of one in configs/recipes/."""
+    """The file of recipe `name`: a path to a .yaml/.yml/.json file, or the name of one shipped with the package."""
     path = Path(name)
+    shipped = config_files("recipes")
     if path.suffix not in (".yaml", ".yml", ".json"):
-        path = RECIPES_DIR / f"{name}.yaml"
+        path = shipped.get(str(name), path)
     if not path.is_file():
-        known = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.is_dir() else []
         raise ValueError(
-            f"recipe {str(name)!r} not found ({path}); expected a YAML or JSON file, or one of {known} in {RECIPES_DIR}."
+            f"recipe {str(name)!r} not found; expected a YAML or JSON file, or one of {sorted(shipped)} (shipped with "
+            "the package)."
         )
     return path
 
@@ -44,7 +45,7 @@ def read_recipe(name: str | Path) -> dict:
     known = set(ModelDataArguments.__dataclass_fields__) | set(TransformerTrainingArguments.__dataclass_fields__)
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"{path}: {unknown} are not flags of scripts/train.py; see `python scripts/train.py --help`.")
+        raise ValueError(f"{path}: {unknown} are not flags of training; see `vanilla-transformer train --help`.")
     return values
 
 

@@ -22,12 +22,14 @@ change. A run given `--max_steps N` is never re-planned; a resumed run keeps the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .costs import SAFETY, validation_loss_seconds
+from .costs import SAFETY, decode_cost, validation_loss_seconds
+from .planning import BudgetPlan
 from .schedule import schedule_for
 
 
@@ -62,23 +64,23 @@ class RefitRules:
     # `seconds_per_new_shape` of the plan); None: not counted.
     shapes_met: Callable[[int], float] | None = None
 
-    def first_costs(self, plan: dict, since: int, until: int) -> float:
+    def first_costs(self, plan: BudgetPlan, since: int, until: int) -> float:
         """What the new batch shapes met from update `since` to update `until` add to their steady time."""
-        per_shape = plan.get("seconds_per_new_shape") or 0.0
+        per_shape = plan.seconds_per_new_shape or 0.0
         if not per_shape or self.shapes_met is None or until <= since:
             return 0.0
         return per_shape * (self.shapes_met(until * self.accumulation) - self.shapes_met(since * self.accumulation))
 
 
 def refit(
-    plan: dict,
+    plan: BudgetPlan,
     rules: RefitRules,
     step: int,
     seconds_per_update: float,
     seconds_left: float,
     checkpoint_seconds: float,
     validation_seconds: float,
-) -> dict:
+) -> BudgetPlan:
     """The plan with the length that fits `seconds_left` of training after update `step` at `seconds_per_update` (a
     steady update's), once the checkpoints, the validations and the new batch shapes still to come are paid for
     (`SAFETY` kept back), capped at `rules.max_updates`; its spacing follows, its warmup is kept."""
@@ -97,17 +99,17 @@ def refit(
         length = min(length, max(rules.max_updates, step + 1))
     _, save, evaluate = schedule_for(
         length,
-        plan["warmup_steps"],
+        plan.warmup_steps,
         rules.checkpoints_per_run,
         rules.evaluations_per_run,
         rules.save_steps,
         rules.eval_steps,
     )
-    return {**plan, "max_steps": length, "save_steps": save, "eval_steps": evaluate}
+    return dataclasses.replace(plan, max_steps=length, save_steps=save, eval_steps=evaluate)
 
 
 def better_candidate(
-    plan: dict,
+    plan: BudgetPlan,
     rules: RefitRules,
     ratio: float,
     seconds_left: float,
@@ -119,13 +121,13 @@ def better_candidate(
     preference, before the current one, whose updates in `seconds_left` (less `RESTART_SECONDS`, a whole run's
     checkpoints and validations) reach `rules.min_updates` and its epoch cap allows. Only when `ratio` is below
     `SWITCH_BELOW`."""
-    if ratio >= SWITCH_BELOW or not rules.min_updates or not plan.get("candidates"):
+    if ratio >= SWITCH_BELOW or not rules.min_updates or not plan.candidates:
         return None
-    current = (plan.get("preset"), plan.get("max_tokens"))
+    current = (plan.preset, plan.max_tokens)
     usable = (seconds_left - RESTART_SECONDS) * SAFETY
     usable -= (rules.checkpoints_per_run or 0) * checkpoint_seconds
     usable -= ((rules.evaluations_per_run or 0) if rules.validates else 0) * validation_seconds
-    for candidate in plan["candidates"]:
+    for candidate in plan.candidates:
         if (candidate["preset"], candidate["max_tokens"]) == current or (
             current[0] is None and candidate["max_tokens"] == current[1]
         ):
@@ -147,27 +149,13 @@ def predicted_decode_seconds(
     """The test decoding (and the choice of alpha) predicted from a validation pass on this machine: its decoding of
     `validation_pairs` pairs with `validation_beams` beams (the pass less its loss batches: the Trainer's and the
     source check's two, measured where `source_check_seconds` gives the check's time), scaled to `test_sentences`
-    decoded with `test_beams` beams by their relative cost per sentence (`BEAM4_PER_GREEDY`)."""
+    decoded with `test_beams` beams by their relative cost per sentence (`costs.decode_cost`)."""
     if source_check_seconds is not None:  # the Trainer's loss pass costs about one of the check's two
         loss_batches = 1.5 * source_check_seconds
     else:
         loss_batches = validation_loss_seconds(rules.validation_pairs, seconds_per_update, rules.source_check)
     per_sentence = max(0.0, validation_seconds - loss_batches) / max(1, rules.validation_pairs)
-    return rules.test_sentences * per_sentence * _decode_cost(rules.test_beams) / _decode_cost(rules.validation_beams)
-
-
-# What a sentence decoded with 4 beams costs against a greedy one, the same model on the same machine, as the main
-# job meets it: the choice of alpha and the test split (1,752 beam-4 sentences) against the run's last validation
-# (greedy), on a 2-core Xeon without AMX in fp32 (2026-11-25): 2.33 in one run (51.7 s against 12.7 ms a greedy
-# sentence), 2.88 in another whose machine slowed down as it went (63.8 s). The ratio of the planner's token counts
-# (`DECODE_TOKENS_PER_SENTENCE`, 140/90) predicted 34.5 s in both: the finishing work outran its share and the runs
-# ended at 99.5% and 100.3% of their budget. Above the larger: a prediction too long ends a run a few seconds early,
-# one too short ends it late.
-BEAM4_PER_GREEDY = 3.0
-
-
-def _decode_cost(beams: int) -> float:
-    return 1.0 if beams <= 1 else BEAM4_PER_GREEDY * beams / 4
+    return rules.test_sentences * per_sentence * decode_cost(rules.test_beams) / decode_cost(rules.validation_beams)
 
 
 @dataclass

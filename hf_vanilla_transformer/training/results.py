@@ -10,9 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..utils.machine import describe_machine
-from .callbacks import TimeBudgetCallback
 from .checkpoints import checkpoint_step
-from .collapse import SourceCheckCallback
 from .preparation import PreparedRun
 
 
@@ -73,15 +71,9 @@ def run_results(run: PreparedRun, model, outcome: RunOutcome) -> dict:
     }
     if outcome.alpha_choice:
         results["length_penalty_choice"] = outcome.alpha_choice
-    check = source_check(run)
-    if check is not None:
-        results["source_check"] = check.record()
+    if run.source_check is not None:
+        results["source_check"] = run.source_check.record()
     return results
-
-
-def source_check(run: PreparedRun) -> SourceCheckCallback | None:
-    """The run's source check (None where it did not validate or was told not to check)."""
-    return next((c for c in run.trainer.callback_handler.callbacks if isinstance(c, SourceCheckCallback)), None)
 
 
 def requested(recipe, args) -> dict:
@@ -113,26 +105,26 @@ def requested(recipe, args) -> dict:
 def _plan(run: PreparedRun) -> dict:
     """The plan as the run ended it (re-planned lengths included), with the update time it planned beside the one
     the Trainer measured (validation and checkpoint pauses apart), and where the deadline stopped it, if it did."""
-    budget = next(c for c in run.trainer.callback_handler.callbacks if isinstance(c, TimeBudgetCallback))
+    budget = run.budget
     return {
-        **run.plan.to_dict(),
-        **budget.plan,
+        **budget.plan.to_dict(),
         "measured_seconds_per_update": budget.meter.seconds_per_update,
         "stopped_early_at": budget.stopped_early_at,
-        "ended_by": _ended_by(run, budget),
+        "ended_by": _ended_by(run),
     }
 
 
-def _ended_by(run: PreparedRun, budget: TimeBudgetCallback) -> str:
+def _ended_by(run: PreparedRun) -> str:
     """Why training ended: "source collapse" (the source check stopped it), "deadline" (the budget's), "epochs" (the
     epoch cap bound before the budget: the run ends early), else "updates" (the length planned or given)."""
-    check = source_check(run)
+    check = run.source_check
     if check is not None and check.collapsed_at is not None and check.mode == "stop":
         return "source collapse"
+    budget = run.budget
     if budget.stopped_early_at is not None:
         return "deadline"
     rules = budget.rules
-    if rules is not None and rules.max_epochs is not None and budget.plan["max_steps"] >= rules.max_updates:
+    if rules is not None and rules.max_epochs is not None and budget.plan.max_steps >= rules.max_updates:
         return "epochs"
     return "updates"
 

@@ -25,9 +25,11 @@ from .arguments import ModelDataArguments, TransformerTrainingArguments
 from .averaging import average_last_checkpoints
 from .calibration import Measurement, Timing
 from .checkpoints import checkpoint_folders, latest_checkpoint, validate_checkpoint
-from .planning import BUDGET_FILE
+from .choices import length_penalty_choices
+from .plan_record import remove_plan, write_plan
 from .preparation import PreparedRun, prepare_run
 from .results import RunOutcome, run_results
+from .run_data import PreparedData
 
 
 logger = logging.getLogger(__name__)
@@ -74,11 +76,11 @@ def _train_and_evaluate(
     train_started = time.time()
     run.trainer.train(resume_from_checkpoint=resume)
     if run.budget.switch is not None:  # the first updates proved the calibrated choice wrong: start again
-        restart = restart_of(run)
+        restart, data = restart_of(run), run.data
         run.trainer.accelerator.free_memory()
-        del run  # the first model and Trainer go before the second are built
+        del run  # the first model and Trainer go before the second are built (the data stays)
         gc.collect()
-        run = start_again(restart, started)
+        run = start_again(restart, started, data)
         run.trainer.train()
     train_seconds = time.time() - train_started
     if not args.should_save:
@@ -110,42 +112,43 @@ def restart_of(run: PreparedRun) -> Restart:
         preset_choices=None,
         max_tokens=switch["max_tokens"],
         max_tokens_choices=None,
-        precision=previous["precision"],
-        attn_implementation=previous["attn_implementation"],
-        compile_training="always" if previous.get("torch_compile") else "never",
+        precision=previous.precision,
+        attn_implementation=previous.attn_implementation,
+        compile_training="always" if previous.torch_compile else "never",
         # the peak keeps its owner: the size the user named it for, not the one switched to
         peak_learning_rate_preset=run.recipe.peak_learning_rate_preset or run.recipe.preset,
     )
     known = Measurement(
-        previous["precision"],
-        previous["attn_implementation"],
-        previous.get("torch_compile", False),
+        previous.precision,
+        previous.attn_implementation,
+        previous.torch_compile,
         per_size={switch["max_tokens"]: Timing(switch["seconds_per_update"] / switch["accumulation"])},
-        reasons=[f"{previous['precision']}, {previous['attn_implementation']} attention, as calibrated"],
+        reasons=[f"{previous.precision}, {previous.attn_implementation} attention, as calibrated"],
     )
     switched_from = {
-        "preset": previous.get("preset"),
-        "max_tokens": previous["max_tokens"],
-        "calibrated_seconds_per_update": previous["seconds_per_update"],
+        "preset": previous.preset,
+        "max_tokens": previous.max_tokens,
+        "calibrated_seconds_per_update": previous.seconds_per_update,
         "measured_seconds_per_update": run.budget.meter.seconds_per_update,
         "at": run.trainer.state.global_step,
     }
     return Restart(run.recipe, recipe, run.args, known, switched_from)
 
 
-def start_again(restart: Restart, started: float) -> PreparedRun:
-    """The new run of `restart`, with the rest of the budget. The first run saved nothing (a switch comes before the
-    first checkpoint); its plan is replaced, the switch recorded in the new one."""
+def start_again(restart: Restart, started: float, data: PreparedData) -> PreparedRun:
+    """The new run of `restart`, with the rest of the budget: a new model, plan and Trainer on the `data` already
+    prepared. The first run saved nothing (a switch comes before the first checkpoint); its plan is replaced, the
+    switch recorded in the new one."""
     args = restart.args
     if args.should_save:  # the first choice's plan and any checkpoint of it (a timed save) are not ones to keep
-        (Path(args.output_dir) / BUDGET_FILE).unlink(missing_ok=True)
+        remove_plan(args.output_dir)
         for folder in checkpoint_folders(args.output_dir, complete_only=False):
             shutil.rmtree(folder)
     main_process_value(None)  # every process waits until they are gone
-    again = prepare_run(restart.recipe, args, started=started, known=restart.known)
-    again.budget.plan = {**again.budget.plan, "switched_from": restart.switched_from}
+    again = prepare_run(restart.recipe, args, started=started, known=restart.known, data=data)
+    again.budget.plan = dataclasses.replace(again.budget.plan, switched_from=restart.switched_from)
     if args.should_save:
-        write_json_atomically(Path(args.output_dir) / BUDGET_FILE, again.budget.plan)
+        write_plan(args.output_dir, again.budget.plan)
         print(f"Plan, started again: {again.plan.summary()}.", flush=True)
     return dataclasses.replace(again, recipe=restart.asked)  # results.json records what the user asked for
 
@@ -166,7 +169,13 @@ def finish_run(run: PreparedRun, outcome: RunOutcome) -> dict:
 
     # 2. The GNMT alpha of the beam search, chosen on the validation pairs where the recipe asks for it (§6.1).
     decode_started = time.time()
-    outcome.alpha_choice = choose_alpha(recipe, model, run.tokenizer, run.corpus, output_dir)
+    alphas = length_penalty_choices(recipe)
+    outcome.alpha_choice = choose_alpha(
+        alphas, model, run.tokenizer, run.corpus, recipe.max_eval_samples, recipe.test_beams
+    )
+    if outcome.alpha_choice is not None:  # the model folder keeps the chosen alpha
+        model.generation_config.length_penalty = outcome.alpha_choice["chosen"]
+        model.generation_config.save_pretrained(output_dir)
 
     # 3. Test BLEU with the paper's beam search.
     test = run.corpus["test"] if "test" in run.corpus else run.corpus["validation"]

@@ -10,6 +10,7 @@ import copy
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 
@@ -95,7 +96,7 @@ class TransformerTrainer(Seq2SeqTrainer):
         checkpoint: the Trainer reads its count on the host at every update, which on a GPU waits for every queued
         kernel."""
         counting = self.args.include_num_input_tokens_seen
-        if counting == "no" or not isinstance(inputs, dict) or not {"attention_mask", "labels"} <= set(inputs):
+        if counting == "no" or not isinstance(inputs, Mapping) or not {"attention_mask", "labels"} <= set(inputs):
             return super()._track_num_input_tokens(inputs)
         mask, labels = inputs["attention_mask"], inputs["labels"]
         source = mask.sum() if counting == "non_padding" else torch.tensor(mask.numel(), device=mask.device)

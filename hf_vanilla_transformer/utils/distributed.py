@@ -27,3 +27,12 @@ def main_process_value(value):
     from accelerate.utils import broadcast_object_list
 
     return broadcast_object_list([value])[0]
+
+
+def result_or_error(function, *arguments):
+    """`function(*arguments)`, or the exception it raised: a process that fails before a collective still joins it
+    (every process must), and every process then raises the main process's error."""
+    try:
+        return function(*arguments)
+    except Exception as error:
+        return error

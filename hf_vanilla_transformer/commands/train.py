@@ -1,4 +1,23 @@
-"""The command line of scripts/train.py and scripts/main.py: parse a recipe and flags, train, report."""
+"""Train the Transformer with the paper's recipe, average the last checkpoints, and evaluate BLEU on the test split.
+
+Usage:
+    vanilla-transformer train --recipe cpu --max_minutes 30 --output_dir runs/en-de
+    vanilla-transformer train --recipe cpu --data_files mine.tsv --max_minutes 30 --output_dir runs/mine
+    vanilla-transformer train --preset tiny --max_steps 30 --output_dir runs/tiny
+    vanilla-transformer train --recipe base --output_dir runs/base          # the paper's base (WMT 2014, GPUs)
+    vanilla-transformer train --model_name_or_path runs/base --dataset libreoffice-ui --output_dir runs/ui
+    vanilla-transformer train --data_files train.tsv --validation_files dev.tsv --test_files test.tsv ...
+    accelerate launch --num_processes 2 -m hf_vanilla_transformer train ...
+    vanilla-transformer main                     # the main job: the machine's recipe (gpu or cpu), 26 minutes
+
+A recipe shipped with the package (cpu, gpu, base, big: `vanilla-transformer configs`) or a file of your own sets
+defaults; every flag overrides it, and every `Seq2SeqTrainingArguments` flag works (--max_steps, --seed, --bf16,
+--resume_from_checkpoint, ...). Without a recipe the defaults are the paper's (Adam 0.9/0.98/1e-9, warmup 4000, no
+weight decay, no clipping). `--max_minutes M` measures an update on this machine and fixes the number of updates that
+fits M minutes. With no data flag the corpus is the LibreOffice help EN-DE. A run restarted with the same
+--output_dir resumes from its newest complete checkpoint. `main` is `train` with the recipe of this machine (gpu
+where PyTorch sees a CUDA device, else cpu) and the output folder outputs/vanilla-transformer-en-de.
+"""
 
 from __future__ import annotations
 
@@ -8,27 +27,44 @@ import sys
 import time
 from pathlib import Path
 
-from ..data.errors import CorpusError
-from .checkpoints import CheckpointError
-from .collapse import SourceCollapseError, collapse_message
-from .recipes import parse_arguments
-from .run import train_and_evaluate
+from ..data.splits import CorpusError
+from ..training.checkpoints import CheckpointError
+from ..training.collapse import SourceCollapseError, collapse_message
+from ..training.recipes import machine_recipe, parse_arguments
+from ..training.run import train_and_evaluate
+
+
+MAIN_JOB_FOLDER = "outputs/vanilla-transformer-en-de"
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    """`train`: the flags over a recipe (none unless `--recipe`)."""
+    train_from_command_line(argv, prog=prog)
+
+
+def main_job(argv: list[str] | None = None, prog: str | None = None) -> None:
+    """`main`: the machine's recipe, into outputs/vanilla-transformer-en-de (both overridable)."""
+    defaults = {"output_dir": MAIN_JOB_FOLDER}
+    train_from_command_line(argv, default_recipe=machine_recipe(argv), defaults=defaults, prog=prog)
 
 
 def train_from_command_line(
-    argv: list[str] | None = None, default_recipe: str | None = None, defaults: dict | None = None
+    argv: list[str] | None = None,
+    default_recipe: str | None = None,
+    defaults: dict | None = None,
+    prog: str | None = None,
 ) -> dict | None:
     """Train, evaluate and save as the flags say; print the plan, the test scores, a few translations and where
     the model went. Returns the results (None in the processes other than the main one). A bad recipe, flag,
     corpus or checkpoint ends the program with one line naming it."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    script = Path(sys.argv[0]).name if argv is None else "train.py"
+    script = prog or (Path(sys.argv[0]).name if argv is None else "train")
     try:
         recipe, args = parse_arguments(argv, default_recipe=default_recipe, defaults=defaults)
     except ValueError as error:
         raise SystemExit(f"{script}: {error}") from None
     try:
-        return _train_and_report(recipe, args, argv)
+        return _train_and_report(recipe, args, _command(argv, prog))
     except (CorpusError, CheckpointError, FileNotFoundError, SourceCollapseError) as error:
         raise SystemExit(f"{script}: {error}") from None
 
@@ -43,7 +79,14 @@ def process_start_time() -> float:
         return time.time()
 
 
-def _train_and_report(recipe, args, argv) -> dict | None:
+def _command(argv: list[str] | None, prog: str | None) -> str:
+    """The command line as typed, for results.json: the script's or the installed command's."""
+    if prog is None:
+        return shlex.join(["python", *sys.argv] if argv is None else ["vanilla-transformer", "train", *argv])
+    return shlex.join([*prog.split(), *(sys.argv[1:] if argv is None else argv)])
+
+
+def _train_and_report(recipe, args, command: str) -> dict | None:
     started = process_start_time()
     if args.should_save:
         what = f"the {recipe.preset!r} Transformer" if not recipe.model_name_or_path else recipe.model_name_or_path
@@ -54,7 +97,6 @@ def _train_and_report(recipe, args, argv) -> dict | None:
         )
         source = f" (recipe {recipe.recipe})" if recipe.recipe else ""
         print(f"Training {what} on {data} for {length}{source}, into {args.output_dir}.", flush=True)
-    command = shlex.join(["python", *(sys.argv if argv is None else ["scripts/train.py", *argv])])
     results = train_and_evaluate(recipe, args, command=command, started=started)
     if results is None:  # not the main process of a multi-process launch
         return None

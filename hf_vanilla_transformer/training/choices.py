@@ -1,0 +1,99 @@
+"""The lists a run chooses from, read from the recipe: the model sizes (`preset_choices`) and batch sizes
+(`max_tokens_choices`) the planner measures, settled against what the command line gave (`settle_choices`), and the
+GNMT alphas the validation chooses among (`length_penalty_choices`, §6.1). A ValueError names a bad list."""
+
+from __future__ import annotations
+
+from ..model.configuration_vanilla_transformer import PRESETS
+
+
+def token_choices(recipe) -> list[int]:
+    """The batch sizes (max_tokens) the planner may choose from, largest first: `max_tokens_choices` where given
+    (the command line's `max_tokens` is then their first: `settle_choices`), else `max_tokens`."""
+    return _token_list(recipe.max_tokens_choices) if recipe.max_tokens_choices else [recipe.max_tokens]
+
+
+def _token_list(text: str) -> list[int]:
+    try:
+        choices = sorted({int(value) for value in text.split(",")}, reverse=True)
+    except ValueError:
+        choices = []
+    if not choices or min(choices) < 1:
+        raise ValueError(f"max_tokens_choices={text!r} is invalid; expected positive token counts such as '2048,1024'.")
+    return choices
+
+
+def preset_choices(recipe) -> list[str]:
+    """The model sizes the planner may choose from, largest first: `preset_choices` where given (the command line's
+    `preset` is then their first: `settle_choices`), else `preset`."""
+    return _preset_list(recipe.preset_choices) if recipe.preset_choices else [recipe.preset]
+
+
+def _preset_list(text: str) -> list[str]:
+    choices = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in choices if name not in PRESETS]
+    if not choices or unknown:
+        raise ValueError(
+            f"preset_choices={text!r} is invalid; expected presets from {sorted(PRESETS)} separated by commas, "
+            "largest first, such as 'small,compact'."
+        )
+    return choices
+
+
+def budgeted(recipe, args) -> bool:
+    """Whether the run's length is measured to fit a time budget (max_minutes without max_steps)."""
+    return recipe.max_minutes is not None and args.max_steps <= 0
+
+
+CHOICE_LISTS = {"preset_choices": "preset", "max_tokens_choices": "max_tokens"}
+
+
+def settle_choices(recipe, args, given: set[str]) -> None:
+    """The lists of choices as the run can honour them, `given` naming the flags of the command line.
+
+    A list given on the command line sets the value it starts from (`--preset_choices base,small` trains base or
+    small, whatever the recipe's preset); a recipe file's list gives way to a value given instead (`--preset tiny`
+    over the CPU recipe trains tiny) and to a run with nothing to choose by (a given length; a saved model). A list
+    given that the run cannot honour is an error naming it, never dropped."""
+    for name, value_name in CHOICE_LISTS.items():
+        choices = getattr(recipe, name)
+        if not choices:
+            continue
+        first = _preset_list(choices)[0] if name == "preset_choices" else _token_list(choices)[0]
+        if name in given:
+            if value_name in given and getattr(recipe, value_name) != first:
+                raise ValueError(
+                    f"--{value_name} {getattr(recipe, value_name)} and --{name} {choices} disagree: the planner starts "
+                    "from the first choice; give one or the other."
+                )
+            setattr(recipe, value_name, first)  # the checks of check_run_arguments name what cannot be honoured
+        elif (
+            (value_name in given and getattr(recipe, value_name) != first)
+            or not budgeted(recipe, args)
+            or (name == "preset_choices" and recipe.model_name_or_path)
+        ):
+            setattr(recipe, name, None)
+
+
+def length_penalty_choices(recipe) -> list[float]:
+    """The GNMT alphas of `--length_penalty_choices` as numbers ([] when not given); a ValueError names a bad one."""
+    if not recipe.length_penalty_choices:
+        return []
+    alphas = []
+    for text in str(recipe.length_penalty_choices).split(","):
+        try:
+            alpha = float(text)
+        except ValueError:
+            alpha = -1.0
+        if not 0 <= alpha < float("inf"):
+            raise ValueError(
+                f"length_penalty_choices={recipe.length_penalty_choices!r} holds {text.strip()!r}; expected "
+                "comma-separated GNMT alphas of 0 or more (e.g. 0.6,1.0,1.4)."
+            )
+        alphas.append(alpha)
+    if recipe.test_beams <= 1 and len(alphas) > 1:
+        raise ValueError(
+            f"length_penalty_choices={recipe.length_penalty_choices!r} needs beam search: test_beams={recipe.test_beams} "
+            "decodes greedily, where alpha changes nothing."
+        )
+    return alphas
