@@ -27,14 +27,29 @@ import sys
 import time
 from pathlib import Path
 
-from ..data.splits import CorpusError
+from ..data.splits import CorpusError, DataFileError
 from ..training.checkpoints import CheckpointError
 from ..training.collapse import SourceCollapseError, collapse_message
+from ..training.planning import BudgetError
 from ..training.recipes import machine_recipe, parse_arguments
 from ..training.run import train_and_evaluate
+from ..utils.files import DiskFullError
+from ..utils.locks import FolderInUseError
 
 
 MAIN_JOB_FOLDER = "outputs/vanilla-transformer-en-de"
+
+
+# What the user's data, flags, folders or budget cause: said in one line (no traceback).
+USER_ERRORS = (
+    CorpusError,
+    DataFileError,
+    CheckpointError,
+    FileNotFoundError,
+    IsADirectoryError,
+    SourceCollapseError,
+    BudgetError,
+)
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
@@ -60,13 +75,15 @@ def train_from_command_line(
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     script = prog or (Path(sys.argv[0]).name if argv is None else "train")
     try:
-        recipe, args = parse_arguments(argv, default_recipe=default_recipe, defaults=defaults)
+        recipe, args = parse_arguments(argv, default_recipe=default_recipe, defaults=defaults, prog=prog)
     except ValueError as error:
         raise SystemExit(f"{script}: {error}") from None
     try:
         return _train_and_report(recipe, args, _command(argv, prog))
-    except (CorpusError, CheckpointError, FileNotFoundError, SourceCollapseError) as error:
+    except USER_ERRORS as error:
         raise SystemExit(f"{script}: {error}") from None
+    except (DiskFullError, FolderInUseError) as error:
+        raise SystemExit(f"{script}: {error.strerror if isinstance(error, OSError) else error}") from None
 
 
 def process_start_time() -> float:

@@ -8,7 +8,12 @@ or `--data_cache_dir`), in a folder named by a key of what it was made from:
 
 A folder appears whole or not at all (written under a temporary name, then renamed), so a run killed while
 preparing leaves nothing that looks complete; a second run, a resume or another process of the launch finds it and
-reads it instead of preparing it again. Each corpus keeps its `KEEP_TOKENIZED` newest tokenizations; older ones are
+reads it instead of preparing it again. A job that prepares an entry holds its lock (`<cache>/.locks/`); a second job
+that wants the same entry meanwhile waits for it, then reads it. Where the file system has no working locks (some
+shared storage), two jobs may each write their own temporary folder: the first to finish publishes it, the other
+keeps the first's. Each folder holds a manifest of its files'
+sizes and CRC-32s, checked whenever it is opened: a truncated file, a changed byte or a missing file is said in the
+log and the entry is built again, never read. Each corpus keeps its `KEEP_TOKENIZED` newest tokenizations; older ones are
 removed, so the cache does not grow with every vocabulary tried.
 """
 
@@ -16,21 +21,30 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import secrets
 import shutil
 import socket
 import time
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
 from datasets import Dataset
+from datasets.arrow_reader import ArrowReader
+
+from ..utils.files import disk_full, folder_bytes, is_disk_full
+from ..utils.locks import preparing
 
 
 DEFAULT_CACHE = Path(os.environ.get("HF_VANILLA_TRANSFORMER_DATA", Path.home() / ".cache" / "hf_vanilla_transformer"))
 
 
+logger = logging.getLogger(__name__)
+
 KEEP_TOKENIZED = 2  # tokenizations kept per corpus
+MANIFEST = "manifest.json"  # each file's size and CRC-32, written last before the folder is published
 HASH_CHUNK = 1 << 23  # bytes read at a time when hashing a file
 
 
@@ -58,25 +72,97 @@ def files_key(paths: list[str | Path], *settings) -> str:
 
 def dataset_key(dataset: Dataset) -> str | None:
     """A key of a split's content: its backing Arrow files (never rewritten in place: new content gets a new
-    file), the rows it selects of them, its columns. None for a split held in memory only (built in a test, say):
+    file; named by their folder and name, their size and time), the rows it selects of them, its columns. None for a split held in memory only (built in a test, say):
     it is not cached."""
     files = [entry["filename"] for entry in dataset.cache_files]
     if not files:
         return None
-    stats = [(name, os.path.getsize(name), os.stat(name).st_mtime_ns) for name in sorted(files)]
+    # A file by its name and its folder's (a cached corpus's folder is named by a key of its content), so that a data
+    # cache copied elsewhere (modification times kept: `cp -a`, `shutil.copytree`) keeps its keys.
+    stats = [
+        (f"{Path(name).parent.name}/{Path(name).name}", os.path.getsize(name), os.stat(name).st_mtime_ns)
+        for name in sorted(files)
+    ]
     # The fingerprint follows every transform of the files' table (which column became `source`, which rows a
     # selection keeps) and is the same in every process that loads the same files.
     return text_key(stats, dataset.num_rows, dataset.column_names, dataset._fingerprint)
 
 
+def open_arrow(path: str | Path) -> Dataset:
+    """An Arrow file of the cache, memory-mapped, as a Dataset fingerprinted by the file (its folder's name, its own,
+    its size and time) rather than by its place: datasets' own fingerprint of a file hashes its absolute path, so a
+    cache copied or mounted elsewhere would key its tokenizers and tokenizations anew and prepare them again."""
+    path = Path(path)
+    stat = path.stat()
+    return Dataset(
+        ArrowReader.read_table(str(path)),
+        fingerprint=text_key(path.parent.name, path.name, stat.st_size, stat.st_mtime_ns),
+    )
+
+
+LOCKS = ".locks"  # the entries' locks, beside the kinds of entry
+
+
+def entry_lock(folder: Path, cache_dir: str | Path | None = None):
+    """The lock of the cache entry `folder` (a context: see `utils.locks.preparing`); hold it from the check of the
+    entry to its publication."""
+    root = cache_root(cache_dir)
+    return preparing(root / LOCKS / ("-".join(folder.relative_to(root).parts) + ".lock"), folder, logger)
+
+
 def complete_folder(path: Path) -> Path | None:
-    """`path` if a whole cached folder is there, else None."""
-    return path if path.is_dir() else None
+    """`path` if a whole, intact cached folder is there, else None; a damaged one (`damage`) is said in the log and
+    removed, for the caller to build again."""
+    if not path.is_dir():
+        return None
+    problem = damage(path)
+    if problem is None:
+        return path
+    logger.warning("the cached %s is damaged (%s): it is built again", path, problem)
+    shutil.rmtree(path, ignore_errors=True)
+    return None
+
+
+def damage(folder: Path) -> str | None:
+    """What is wrong with the cached `folder` against its manifest, in words; None where nothing is (or where it
+    was written before manifests)."""
+    manifest = folder / MANIFEST
+    if not manifest.exists():
+        return None
+    try:
+        expected = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        return f"{manifest} cannot be read: {error}"
+    for name, (size, crc) in expected.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if path.stat().st_size != size:
+            return f"{path} holds {path.stat().st_size:,} bytes where {size:,} were written"
+        if file_crc(path) != crc:
+            return f"{path} does not hold the bytes that were written (its CRC-32 differs)"
+    return None
+
+
+def file_crc(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def write_manifest(folder: Path) -> None:
+    """Record every file of `folder` (its size and CRC-32), for `damage` to check against."""
+    files = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != MANIFEST)
+    entries = {str(path.relative_to(folder)): [path.stat().st_size, file_crc(path)] for path in files}
+    (folder / MANIFEST).write_text(json.dumps(entries, indent=0) + "\n", encoding="utf-8")
 
 
 def publish_folder(temporary: Path, path: Path) -> Path:
     """Move a folder written at `temporary` into place at `path`; if another process published it meanwhile, keep
     theirs (the same content) and drop ours."""
+    write_manifest(temporary)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         temporary.rename(path)
@@ -114,14 +200,17 @@ def _alive(pid: int) -> bool:
 @contextmanager
 def building(path: Path):
     """Write the cached folder `path` inside the block (into the folder it yields), then publish it whole; an error
-    in the block leaves nothing behind."""
+    in the block leaves nothing behind (a full device is named: `DiskFullError`)."""
     temporary = temporary_folder(path)
     try:
         yield temporary
-    except BaseException:
+        publish_folder(temporary, path)
+    except BaseException as error:
+        written = folder_bytes(temporary)
         shutil.rmtree(temporary, ignore_errors=True)
+        if isinstance(error, Exception) and is_disk_full(error, path.parent):
+            raise disk_full(path.parent, 2 * written or None, f"the cached {path.name}") from error
         raise
-    publish_folder(temporary, path)
 
 
 def prune(folder: Path, keep: int = KEEP_TOKENIZED, idle_seconds: float = 3600.0) -> list[Path]:

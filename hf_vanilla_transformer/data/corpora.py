@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -24,9 +25,10 @@ import numpy as np
 from datasets import Dataset, DatasetDict, Features, Value
 from datasets.arrow_writer import ArrowWriter
 
-from .cache import building, cache_root, complete_folder, files_key
+from ..utils.faults import moment
+from .cache import building, cache_root, complete_folder, entry_lock, files_key, open_arrow
 from .libreoffice import libreoffice_help_corpus, libreoffice_ui_corpus
-from .splits import SPLITS, CorpusError
+from .splits import SPLITS, CorpusError, DataFileError
 
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,15 @@ PAIR_FEATURES = Features({"source": Value("string"), "target": Value("string")})
 # batches that was 0.17 GB of a 1.1 GB corpus, with these a few MB.
 WRITE_BATCH = 50_000
 LAYOUT = "corpus-2"  # in the cache key: a corpus cached in another layout is written again
+# Lines of a parallel file that are no sentence pair: left out and counted (`parallel_pairs`).
+LONGEST_SIDE = 20_000  # characters: a sentence, even a long paragraph, is far shorter; a megabyte line is no pair
+SKIPPED = {
+    "empty": "an empty source or target",
+    "nul": "a NUL byte",
+    "long": f"a side longer than {LONGEST_SIDE:,} characters",
+}
+SKIPPED_FILE = "skipped.json"  # in a corpus's cache folder: {split: {reason: lines}}
+
 # Held out of a training file that comes without validation or test pairs: this many pairs for each, at most this
 # fraction of the file, drawn with this seed (the same pairs whatever the run's seed, so runs compare).
 HELD_OUT_PAIRS, HELD_OUT_FRACTION, HELD_OUT_SEED = 1000, 0.05, 0
@@ -54,12 +65,12 @@ def read_text(path: str | Path) -> str:
 
 
 def decode_text(data: bytes, name: str) -> str:
-    """`data` decoded as UTF-8; otherwise a ValueError naming `name`, the line and the first bad byte."""
+    """`data` decoded as UTF-8; otherwise a DataFileError naming `name`, the line and the first bad byte."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
-        raise ValueError(
+        raise DataFileError(
             f"{name}:{line} is not UTF-8 text (byte {data[error.start]:#04x}: {error.reason}); expected a UTF-8 "
             "text file."
         ) from None
@@ -80,10 +91,16 @@ def read_parallel_file(
 
 
 def parallel_pairs(
-    path: str | Path, target_path: str | Path | None = None, source_lang: str = "en", target_lang: str = "de"
+    path: str | Path,
+    target_path: str | Path | None = None,
+    source_lang: str = "en",
+    target_lang: str = "de",
+    skipped: Counter | None = None,
 ) -> Iterator[tuple[str, str]]:
-    """The (source, target) pairs of a file (see `read_parallel_file`), read line by line, stripped; pairs with an
-    empty side are left out."""
+    """The (source, target) pairs of a file (see `read_parallel_file`), read line by line, stripped. A pair that is
+    no sentence pair is left out and counted in `skipped` by reason (`SKIPPED`): an empty side, a NUL byte, a side
+    longer than `LONGEST_SIDE` characters. What breaks the file's format (bytes that are not UTF-8, a line that is
+    no TSV or JSONL record, two files of different lengths) refuses the whole file, naming it and the line."""
     path = _check_file(path)
     if target_path is not None:
         pairs = _aligned_pairs(path, _check_file(target_path))
@@ -91,9 +108,16 @@ def parallel_pairs(
         pairs = _jsonl_pairs(path, source_lang, target_lang)
     else:
         pairs = _tsv_pairs(path)
+    skipped = Counter() if skipped is None else skipped
     for source, target in pairs:
         source, target = source.strip(), target.strip()
-        if source and target:
+        if not source or not target:
+            skipped[SKIPPED["empty"]] += 1
+        elif "\x00" in source or "\x00" in target:
+            skipped[SKIPPED["nul"]] += 1
+        elif len(source) > LONGEST_SIDE or len(target) > LONGEST_SIDE:
+            skipped[SKIPPED["long"]] += 1
+        else:
             yield source, target
 
 
@@ -108,13 +132,13 @@ def _check_file(path: str | Path) -> Path:
 
 def text_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(line number, line without its end) of a UTF-8 file, read as a stream; bytes that are not UTF-8 raise a
-    ValueError naming the file, the line and the byte."""
+    DataFileError naming the file, the line and the byte."""
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, 1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise ValueError(
+                raise DataFileError(
                     f"{path}:{number} is not UTF-8 text (byte {raw[error.start]:#04x}: {error.reason}); expected a "
                     "UTF-8 text file."
                 ) from None
@@ -132,7 +156,7 @@ def _aligned_pairs(path: Path, target_path: Path) -> Iterator[tuple[str, str]]:
         yield source[1], target[1]
     counts = [counts[0] + sum(1 for _ in sources), counts[1] + sum(1 for _ in targets)]
     if counts[0] != counts[1]:
-        raise ValueError(
+        raise DataFileError(
             f"{path} has {counts[0]} lines but {target_path} has {counts[1]}; two aligned text files need the same "
             "number of lines."
         )
@@ -145,12 +169,12 @@ def _jsonl_pairs(path: Path, source_lang: str, target_lang: str) -> Iterator[tup
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(
+            raise DataFileError(
                 f"{path}:{number} is not JSON ({error.msg}, column {error.colno}); expected one object per line, "
                 f'{{"source": ..., "target": ...}}: {line[:200]!r}'
             ) from None
         if not isinstance(record, dict):
-            raise ValueError(
+            raise DataFileError(
                 f"{path}:{number} holds a JSON {type(record).__name__}; expected one object per line, "
                 f'{{"source": ..., "target": ...}}: {line[:200]!r}'
             )
@@ -160,7 +184,7 @@ def _jsonl_pairs(path: Path, source_lang: str, target_lang: str) -> Iterator[tup
                 "target": record["translation"].get(target_lang),
             }
         if not isinstance(record.get("source"), str) or not isinstance(record.get("target"), str):
-            raise ValueError(
+            raise DataFileError(
                 f"{path}:{number} has no string 'source' and 'target' (or translation.{source_lang} and "
                 f"translation.{target_lang}): {line[:200]!r}"
             )
@@ -173,7 +197,7 @@ def _tsv_pairs(path: Path) -> Iterator[tuple[str, str]]:
             continue
         fields = line.split("\t")
         if len(fields) != 2:
-            raise ValueError(
+            raise DataFileError(
                 f"{path}:{number} has {len(fields)} tab-separated fields; a TSV needs exactly 2 "
                 f"(source<TAB>target): {line[:200]!r}"
             )
@@ -214,13 +238,36 @@ def parallel_files_corpus(
     names = {name: [str(p) for p in spec] for name, spec in specs.items()}
     key = files_key(paths, names, source_lang, target_lang, LAYOUT)
     folder = cache_root(cache_dir) / "corpora" / key
-    if complete_folder(folder) is None:
-        with building(folder) as temporary:
-            for name, spec in specs.items():
-                pairs = parallel_pairs(spec[0], spec[1] if len(spec) == 2 else None, source_lang, target_lang)
-                if write_pairs(pairs, temporary / f"{name}.arrow") == 0:
-                    raise CorpusError(f"{spec[0]} holds no sentence pair.")
-    return DatasetDict({name: Dataset.from_file(str(folder / f"{name}.arrow")) for name in specs})
+    with entry_lock(folder, cache_dir):
+        if complete_folder(folder) is None:
+            with building(folder) as temporary:
+                skipped = {}
+                for name, spec in specs.items():
+                    counts = Counter()
+                    second = spec[1] if len(spec) == 2 else None
+                    pairs = parallel_pairs(spec[0], second, source_lang, target_lang, counts)
+                    if write_pairs(pairs, temporary / f"{name}.arrow") == 0:
+                        raise CorpusError(f"{spec[0]} holds no sentence pair ({_described(counts) or 'it is empty'}).")
+                    skipped[name] = {"file": spec[0], "lines": dict(counts)}
+                    moment("corpus", temporary)
+                (temporary / SKIPPED_FILE).write_text(json.dumps(skipped, indent=1) + "\n", encoding="utf-8")
+    corpus = DatasetDict({name: open_arrow(folder / f"{name}.arrow") for name in specs})
+    corpus.skipped_lines = _skipped_lines(folder)
+    return corpus
+
+
+def _skipped_lines(folder: Path) -> dict:
+    """The lines of each split's file left out when it was read (`SKIPPED_FILE`), said in the log."""
+    path = folder / SKIPPED_FILE
+    skipped = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    for split in skipped.values():
+        if split["lines"]:
+            logger.warning("%s: left out %s", split["file"], _described(split["lines"]))
+    return skipped
+
+
+def _described(counts: dict) -> str:
+    return ", ".join(f"{count:,} line{'s' if count != 1 else ''} with {reason}" for reason, count in counts.items())
 
 
 def _file_spec(spec: str | None) -> list[str] | None:

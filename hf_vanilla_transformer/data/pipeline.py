@@ -27,7 +27,8 @@ from datasets import Dataset, DatasetDict, Features, Sequence, Value, concatenat
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from .cache import building, cache_root, complete_folder, dataset_key, prune, text_key, touch
+from ..utils.faults import moment
+from .cache import building, cache_root, complete_folder, dataset_key, entry_lock, open_arrow, prune, text_key, touch
 from .tokenizer import corpus_texts, train_bpe_tokenizer, wrap_tokenizer
 
 
@@ -79,15 +80,15 @@ def learn_tokenizer(
     """The shared BPE of `train` (learned on `bpe_sample`; `scale_to_corpus` caps the vocabulary as
     `scaled_vocab_size` does), from the cache when this corpus and these settings were learned before."""
     key = dataset_key(train)
-    folder = None
-    if key is not None:
-        settings = text_key(key, vocab_size, scale_to_corpus, sample_pairs, seed, "byte-level-bpe-1")
-        folder = cache_root(cache_dir) / "tokenizers" / settings
+    if key is None:  # held in memory: not cached
+        return _in_child(_learn, train, vocab_size, scale_to_corpus, sample_pairs, seed)
+    settings = text_key(key, vocab_size, scale_to_corpus, sample_pairs, seed, "byte-level-bpe-1")
+    folder = cache_root(cache_dir) / "tokenizers" / settings
+    with entry_lock(folder, cache_dir):
         if complete_folder(folder):
             touch(folder)
             return PreTrainedTokenizerFast.from_pretrained(folder)
-    tokenizer = _in_child(_learn, train, vocab_size, scale_to_corpus, sample_pairs, seed)
-    if folder is not None:
+        tokenizer = _in_child(_learn, train, vocab_size, scale_to_corpus, sample_pairs, seed)
         with building(folder) as temporary:
             tokenizer.save_pretrained(temporary)
     return tokenizer
@@ -115,6 +116,7 @@ def _in_child(learn, *arguments) -> PreTrainedTokenizerFast:
 
 
 def _learned_text(learn, *arguments) -> str:
+    moment("bpe")
     return tokenizer_to_text(learn(*arguments))
 
 
@@ -233,14 +235,16 @@ def tokenize_training_split(
     if folder is None:  # held in memory: tokenized in memory
         return train.map(**arguments, keep_in_memory=True)
     corpus_folder = folder.parent
-    if complete_folder(folder) is None:
-        with building(folder) as temporary:
-            train.map(**arguments, cache_file_name=str(temporary / "train.arrow"))
-        prune(corpus_folder)
-        logger.info("tokenized %s training pairs into %s", f"{len(train):,}", folder)
-    touch(folder)
+    with entry_lock(folder, cache_dir):
+        if complete_folder(folder) is None:
+            with building(folder) as temporary:
+                train.map(**arguments, cache_file_name=str(temporary / "train.arrow"))
+                moment("tokenize", temporary)
+            prune(corpus_folder)
+            logger.info("tokenized %s training pairs into %s", f"{len(train):,}", folder)
+        touch(folder)
     shards = sorted(folder.glob("train*.arrow"))
-    return concatenate_datasets([Dataset.from_file(str(path)) for path in shards])
+    return concatenate_datasets([open_arrow(path) for path in shards])
 
 
 def length_chunks(train: Dataset) -> tuple[list[np.ndarray], list[np.ndarray]]:

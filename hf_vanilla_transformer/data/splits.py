@@ -9,3 +9,8 @@ SPLITS = ("train", "validation", "test")
 
 class CorpusError(RuntimeError):
     """A corpus cannot be built here; the message says what to run or which source to use instead."""
+
+
+class DataFileError(ValueError):
+    """A data file breaks its format (bytes that are not UTF-8, a line that is no TSV or JSONL record, two aligned
+    files of different lengths); the message names the file and the line."""

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..utils.faults import moment
+from ..utils.files import write_text_atomically
+
 
 TEMPLATE = Path(__file__).with_name("model_card.md")
 
@@ -160,6 +163,6 @@ def _usage_values(results: dict, repo_id: str | None, plots: list[str] | None) -
 
 
 def write_model_card(folder: str | Path, results: dict, plots: list[str] | None = None) -> Path:
-    path = Path(folder) / "README.md"
-    path.write_text(render_model_card(results, plots=plots), encoding="utf-8")
-    return path
+    text = render_model_card(results, plots=plots)
+    moment("card")
+    return write_text_atomically(Path(folder) / "README.md", text)

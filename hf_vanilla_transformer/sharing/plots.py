@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from ..utils.faults import moment
+
 
 def _pyplot():
     import matplotlib
@@ -184,6 +186,7 @@ def write_run_plots(model, tokenizer, log_history: list[dict], folder: str | Pat
     paths = []
     if any("loss" in entry for entry in log_history):
         paths.append(plot_training_curves(log_history, folder / "training_curves.png"))
+    moment("plots")
     paths.append(
         plot_positional_encoding(
             model.config.d_model, folder / "positional_encoding.png", layout=model.config.sinusoid_layout

@@ -65,7 +65,7 @@ class ModelDataArguments:
     validation_files: str | None = field(
         default=None,
         metadata={
-            "help": "Local validation pairs, as data_files. Without them, 1,000 pairs of the training file (at most 5%) "
+            "help": "Local validation pairs, as data_files. Without them, 1,000 pairs of the training file (at most 5%%) "
             "are held out for validation, drawn with a fixed seed."
         },
     )
@@ -324,6 +324,8 @@ def check_run_arguments(recipe: ModelDataArguments, args: TransformerTrainingArg
 
 def check_recipe_arguments(recipe: ModelDataArguments) -> None:
     """Raise a ValueError naming the value for recipe fields out of range, the lists of choices among them."""
+    if recipe.preset not in PRESETS and not recipe.model_name_or_path:
+        raise ValueError(f"preset={recipe.preset!r} is invalid; expected one of {sorted(PRESETS)}.")
     length_penalty_choices(recipe)
     preset_choices(recipe)
     token_choices(recipe)

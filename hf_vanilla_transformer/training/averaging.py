@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from ..data.tokenizer import copy_tokenizer_files
 from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from ..utils.faults import moment
 from .checkpoints import checkpoint_folders, checkpoint_step
 
 
@@ -60,6 +61,7 @@ def average_checkpoints(
     if unexpected or set(missing) - tied:
         raise ValueError(f"Averaged weights do not fit the model: missing {missing}, unexpected {unexpected}.")
     model.tie_weights()
+    moment("averaging")
     output_dir = Path(output_dir)
     model.save_pretrained(output_dir)
     copy_tokenizer_files(checkpoints[-1], output_dir)

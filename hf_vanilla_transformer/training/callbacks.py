@@ -12,6 +12,7 @@ from transformers import ProgressCallback, TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from ..utils.distributed import main_process_decides, main_process_value
+from ..utils.faults import moment
 from .plan_record import plan_state, write_plan
 from .planning import BudgetPlan
 from .replanning import (
@@ -85,6 +86,7 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
+        moment("update")
         self.meter.step(state.global_step)
         if self.rules is not None:
             self._space_events(state, control)
@@ -119,8 +121,9 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         finished = control.should_training_stop or state.global_step >= state.max_steps  # the run's last validation
         if self.rules is not None and self.meter.seconds_per_update is not None and not finished:
             # The test decoding, predicted anew from this validation's decoding speed, moves the deadline.
-            check = (metrics or {}).get("eval_source_check_seconds")
-            decode = predicted_decode_seconds(self.rules, seconds, self.meter.seconds_per_update, check)
+            measured = metrics or {}
+            check, prediction = measured.get("eval_source_check_seconds"), measured.get("eval_prediction_seconds")
+            decode = predicted_decode_seconds(self.rules, seconds, self.meter.seconds_per_update, check, prediction)
             self.deadline += (self.plan.predicted_decode_seconds or 0.0) - decode
             self.plan = dataclasses.replace(self.plan, predicted_decode_seconds=decode)
             self._replan(args, state, f"the validation at update {state.global_step:,}")
@@ -215,6 +218,7 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
             f", validation every {new.eval_steps:,}" if new.eval_steps else "",
         )
         if args.should_save:
+            moment("replan")
             write_plan(args.output_dir, self.plan)
 
 

@@ -5,11 +5,12 @@ complete one; resuming, averaging and validation read the marker back here."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 import torch
+
+from ..utils.files import sync_folder, write_text_atomically
 
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -18,10 +19,10 @@ HF_COMPLETE_MARKERS = ("model.safetensors", "trainer_state.json")
 
 
 def mark_complete(folder: str | Path, step: int) -> None:
-    """Write `folder`/.complete atomically (a temporary file renamed): the last file of a checkpoint."""
-    temporary = Path(folder) / (COMPLETE + ".tmp")
-    temporary.write_text(f"{step}\n")
-    os.replace(temporary, Path(folder) / COMPLETE)
+    """Flush the checkpoint `folder` to the disk, then write its `.complete` atomically: the last file of a
+    checkpoint, never on the disk before the others."""
+    sync_folder(folder)
+    write_text_atomically(Path(folder) / COMPLETE, f"{step}\n")
 
 
 def checkpoint_folders(output_dir: str | Path, complete_only: bool = True) -> list[Path]:
@@ -29,7 +30,8 @@ def checkpoint_folders(output_dir: str | Path, complete_only: bool = True) -> li
 
     Runs of this package mark a checkpoint complete with a `.complete` file written after everything else, so a
     checkpoint interrupted while being written is never taken for a complete one. For a run made by another
-    trainer (no marker anywhere), a folder with weights and `trainer_state.json` counts as complete."""
+    trainer (no marker anywhere, and no `budget.json`: this package writes it before any checkpoint), a folder with
+    weights and `trainer_state.json` counts as complete."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return []
@@ -42,7 +44,7 @@ def checkpoint_folders(output_dir: str | Path, complete_only: bool = True) -> li
     if not complete_only:
         return [path for _, path in found]
     marked = [path for _, path in found if (path / COMPLETE).exists()]
-    if marked:
+    if marked or (output_dir / "budget.json").exists():  # (plan_record.BUDGET_FILE: a run of this package)
         return marked
     return [path for _, path in found if all((path / name).exists() for name in HF_COMPLETE_MARKERS)]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..utils.faults import moment
 from ..utils.files import write_json_atomically
 from .planning import BudgetPlan
 
@@ -16,6 +17,7 @@ CALLBACK = "TimeBudgetCallback"  # the budget callback's class: its name keys it
 
 
 def write_plan(output_dir: str | Path, plan: BudgetPlan) -> None:
+    moment("plan")
     write_json_atomically(Path(output_dir) / BUDGET_FILE, plan.to_dict())
 
 

@@ -42,6 +42,10 @@ from .device import training_device
 from .schedule import accumulation_for, lr_scale_for, peak_learning_rate, schedule_for
 
 
+class BudgetError(ValueError):
+    """A time budget that leaves no time to train on this machine; the message says how much set-up took."""
+
+
 @dataclass
 class BudgetPlan:
     """A run's length and what follows from it, with the reasons, as recorded in `budget.json`."""
@@ -182,7 +186,7 @@ def new_plan(context: PlanContext) -> BudgetPlan:
         if fit.enough or index == len(presets) - 1:
             break
     if fit.max_steps < 1:
-        raise ValueError(
+        raise BudgetError(
             f"max_minutes={recipe.max_minutes} leaves no time to train on this machine (set-up took "
             f"{(time.time() - context.started) / 60:.1f} min, an update {fit.seconds_per_update:.2f} s); give more "
             "minutes."

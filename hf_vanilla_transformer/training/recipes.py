@@ -66,11 +66,15 @@ def given_flags(argv: list[str]) -> set[str]:
 
 
 def parse_arguments(
-    argv: list[str] | None = None, default_recipe: str | None = None, defaults: dict | None = None
+    argv: list[str] | None = None,
+    default_recipe: str | None = None,
+    defaults: dict | None = None,
+    prog: str | None = None,
 ) -> tuple[ModelDataArguments, TransformerTrainingArguments]:
     """The two argument dataclasses from the command line `argv`, over the values of `--recipe` (or
     `default_recipe`), over `defaults`. An explicit `--bf16` fixes the precision that a recipe's `auto` would
-    measure (`--bf16 false` on an AMX machine shows what a CPU without bf16 units gets)."""
+    measure (`--bf16 false` on an AMX machine shows what a CPU without bf16 units gets). `prog` names the command
+    in the usage and the help (default: the script's file name)."""
     first = argparse.ArgumentParser(add_help=False)
     first.add_argument("--recipe", default=default_recipe)
     known, _ = first.parse_known_args(argv)
@@ -80,7 +84,7 @@ def parse_arguments(
         values["recipe"] = str(known.recipe)
         if "peak_learning_rate" in values and "preset" in values:  # a recipe file's peak is its own preset's
             values.setdefault("peak_learning_rate_preset", values["preset"])
-    parser = HfArgumentParser((ModelDataArguments, TransformerTrainingArguments))
+    parser = HfArgumentParser((ModelDataArguments, TransformerTrainingArguments), prog=prog)
     parser.set_defaults(**values)
     recipe, args = parser.parse_args_into_dataclasses(args=argv)
     given = given_flags(argv if argv is not None else sys.argv[1:])

@@ -144,17 +144,26 @@ def _epoch_cap(rules: RefitRules, candidate: dict) -> float:
 
 
 def predicted_decode_seconds(
-    rules: RefitRules, validation_seconds: float, seconds_per_update: float, source_check_seconds: float | None = None
+    rules: RefitRules,
+    validation_seconds: float,
+    seconds_per_update: float,
+    source_check_seconds: float | None = None,
+    prediction_seconds: float | None = None,
 ) -> float:
     """The test decoding (and the choice of alpha) predicted from a validation pass on this machine: its decoding of
-    `validation_pairs` pairs with `validation_beams` beams (the pass less its loss batches: the Trainer's and the
-    source check's two, measured where `source_check_seconds` gives the check's time), scaled to `test_sentences`
-    decoded with `test_beams` beams by their relative cost per sentence (`costs.decode_cost`)."""
-    if source_check_seconds is not None:  # the Trainer's loss pass costs about one of the check's two
-        loss_batches = 1.5 * source_check_seconds
+    `validation_pairs` pairs with `validation_beams` beams, scaled to `test_sentences` decoded with `test_beams` beams
+    by their relative cost per sentence (`costs.decode_cost`). The decoding is the Trainer's prediction steps less
+    their loss (`prediction_seconds`, where measured; a loss pass costs about one of the source check's two), else
+    the whole pass less its loss passes."""
+    if prediction_seconds is not None and source_check_seconds is not None:
+        decoding = prediction_seconds - 0.5 * source_check_seconds
+    elif source_check_seconds is not None:
+        decoding = validation_seconds - 1.5 * source_check_seconds
     else:
-        loss_batches = validation_loss_seconds(rules.validation_pairs, seconds_per_update, rules.source_check)
-    per_sentence = max(0.0, validation_seconds - loss_batches) / max(1, rules.validation_pairs)
+        decoding = validation_seconds - validation_loss_seconds(
+            rules.validation_pairs, seconds_per_update, rules.source_check
+        )
+    per_sentence = max(0.0, decoding) / max(1, rules.validation_pairs)
     return rules.test_sentences * per_sentence * decode_cost(rules.test_beams) / decode_cost(rules.validation_beams)
 
 

@@ -139,6 +139,8 @@ def _data(run: PreparedRun) -> dict:
         "train_pairs": len(run.trainer.train_dataset),
         "validation_pairs": len(corpus["validation"]) if "validation" in corpus else 0,
         "test_pairs": len(test),
+        # local files: the lines of each that were no sentence pair, by reason (data/corpora.py)
+        "skipped_lines": run.clock.stages.get("corpus", {}).get("skipped_lines", {}),
     }
 
 

@@ -5,26 +5,31 @@ split with the paper's beam search, and leave a complete model folder with `resu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import TrainerState
 
 from ..evaluation.length_penalty import choose_alpha
 from ..evaluation.translation import evaluate_translations
 from ..sharing.model_card import write_model_card
 from ..sharing.plots import write_run_plots
 from ..utils.distributed import main_process_value
-from ..utils.files import write_json_atomically
+from ..utils.faults import moment
+from ..utils.files import disk_full, folder_bytes, is_disk_full, write_json_atomically
+from ..utils.locks import FolderInUseError, folder_lock
 from .arguments import ModelDataArguments, TransformerTrainingArguments
 from .averaging import average_last_checkpoints
 from .calibration import Measurement, Timing
-from .checkpoints import checkpoint_folders, latest_checkpoint, validate_checkpoint
+from .checkpoints import checkpoint_folders, checkpoint_step, latest_checkpoint, validate_checkpoint
 from .choices import length_penalty_choices
 from .plan_record import remove_plan, write_plan
 from .preparation import PreparedRun, prepare_run
@@ -56,9 +61,27 @@ def train_and_evaluate(
     calls it has been running for longer than the run.
     """
     started = time.time() if started is None else started
-    results = _train_and_evaluate(recipe, args, command, examples, started)
+    with _run_lock(args):
+        results = _train_and_evaluate(recipe, args, command, examples, started)
     leave_process_group()  # after the trainer is gone: see leave_process_group
     return results
+
+
+@contextmanager
+def _run_lock(args: TransformerTrainingArguments):
+    """The output folder's lock (utils/locks.py), held by the main process for the whole run; every process stops
+    with the main process's error where another run holds it."""
+    with contextlib.ExitStack() as stack:
+        refused = None
+        if args.should_save:
+            try:
+                stack.enter_context(folder_lock(args.output_dir, logger))
+            except FolderInUseError as error:
+                refused = error
+        refused = main_process_value(refused)
+        if refused is not None:
+            raise refused
+        yield
 
 
 def _train_and_evaluate(
@@ -74,7 +97,12 @@ def _train_and_evaluate(
     if args.should_save:
         print(f"Plan: {run.plan.summary()}.", flush=True)
     train_started = time.time()
-    run.trainer.train(resume_from_checkpoint=resume)
+    if resume is not None and checkpoint_step(resume) >= run.plan.max_steps:
+        # Killed after its last update (while averaging or writing the folder): nothing is left to train (the
+        # Trainer would take one more update), the state is the checkpoint's.
+        run.trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
+    else:
+        run.trainer.train(resume_from_checkpoint=resume)
     if run.budget.switch is not None:  # the first updates proved the calibrated choice wrong: start again
         restart, data = restart_of(run), run.data
         run.trainer.accelerator.free_memory()
@@ -154,7 +182,19 @@ def start_again(restart: Restart, started: float, data: PreparedData) -> Prepare
 
 
 def finish_run(run: PreparedRun, outcome: RunOutcome) -> dict:
-    """The main process's work after training: average, choose alpha, score the test split, write the folder."""
+    """The main process's work after training: average, choose alpha, score the test split, write the folder. The
+    folder is complete once `results.json` is there (written last); killed before, the same command does it all
+    again from the last checkpoint. A device that fills up is named (`DiskFullError`)."""
+    try:
+        return _finish_run(run, outcome)
+    except Exception as error:
+        if not is_disk_full(error, run.args.output_dir):
+            raise
+        needed = 3 * folder_bytes(Path(outcome.averaged[-1])) // 2 if outcome.averaged else None
+        raise disk_full(run.args.output_dir, needed, "the model folder") from error
+
+
+def _finish_run(run: PreparedRun, outcome: RunOutcome) -> dict:
     recipe, trainer, output_dir = run.recipe, run.trainer, Path(run.args.output_dir)
     # 1. Average the last checkpoints into the model folder (§6.1).
     model, outcome.averaged = average_last_checkpoints(
@@ -166,6 +206,7 @@ def finish_run(run: PreparedRun, outcome: RunOutcome) -> dict:
     )
     run.tokenizer.save_pretrained(output_dir)
     model.to(trainer.args.device)
+    moment("model-folder", output_dir)
 
     # 2. The GNMT alpha of the beam search, chosen on the validation pairs where the recipe asks for it (§6.1).
     decode_started = time.time()
@@ -186,13 +227,13 @@ def finish_run(run: PreparedRun, outcome: RunOutcome) -> dict:
     outcome.decode_seconds = time.time() - decode_started
     outcome.length_penalty = model.generation_config.length_penalty
 
-    # 4. Results, log, plots and card.
+    # 4. Log, plots, card, and results.json last: the mark of a complete folder.
     results = run_results(run, model, outcome)
     log = trainer.state.log_history
     write_json_atomically(output_dir / "training_log.json", {"log_history": log})
-    write_json_atomically(output_dir / "results.json", results)
     plots = write_run_plots(model, run.tokenizer, log, output_dir / "plots", plot_sentence(outcome.sources))
     write_model_card(output_dir, results, plots=[str(path.relative_to(output_dir)) for path in plots])
+    write_json_atomically(output_dir / "results.json", results)
     return results
 
 

@@ -5,6 +5,8 @@ tokenized once per machine, and its token-budget batch samplers."""
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,11 @@ from ..data.tokenizer import wrap_tokenizer
 from ..utils.distributed import main_process_value, result_or_error
 from ..utils.stages import SetupClock
 from .arguments import ModelDataArguments, TransformerTrainingArguments
+from .choices import budgeted
+from .planning import BudgetError
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,10 +48,13 @@ def prepare_data(
 ) -> PreparedData:
     """The corpus read and the training split tokenized once per machine (the machine's first process does it, the
     others read the cache), the tokenizer made once per launch, the batches cut from the length columns."""
-    with clock.stage("corpus"):
+    with clock.stage("corpus") as facts:
         corpus = _load_corpus(recipe, args)
+        facts["skipped_lines"] = corpus.skipped_lines
+    check_budget_left(recipe, args, clock)
     with clock.stage("tokenizer"):
         tokenizer = build_tokenizer(recipe, args, corpus["train"], output_dir)
+    check_budget_left(recipe, args, clock)
     with clock.stage("tokenize") as facts:
         with args.main_process_first(local=True, desc="tokenizing"):
             folder = tokenized_folder(corpus["train"], tokenizer, recipe.max_length, recipe.data_cache_dir)
@@ -56,6 +66,7 @@ def prepare_data(
     with clock.stage("lengths and batches") as facts:
         batches = BatchSamplers(length_chunks(encoded["train"]), args.seed)
         facts["batches"] = len(batches.of(recipe.max_tokens))
+    check_budget_left(recipe, args, clock)
     held_out = DatasetDict({name: split for name, split in corpus.items() if name != "train"})
     return PreparedData(held_out, tokenizer, encoded["train"], _validation_split(recipe, encoded), batches, clock)
 
@@ -80,9 +91,13 @@ def build_tokenizer(recipe: ModelDataArguments, args: TransformerTrainingArgumen
 def _main_tokenizer(recipe: ModelDataArguments, args: TransformerTrainingArguments, train, output_dir: Path):
     """The main process's tokenizer: the interrupted run's, else the shared BPE (cached); saved for resuming."""
     saved = output_dir / "tokenizer"
+    tokenizer = None
     if (saved / "tokenizer.json").exists():
-        tokenizer = AutoTokenizer.from_pretrained(saved)
-    else:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(saved)
+        except Exception as error:  # damaged (a disk that filled up, a copy cut short): the BPE is made again
+            logger.warning("%s cannot be read (%s): the tokenizer is made again", saved, str(error).splitlines()[0])
+    if tokenizer is None:
         tokenizer = learn_tokenizer(
             train,
             recipe.vocab_size,
@@ -113,7 +128,9 @@ def _load_corpus(recipe: ModelDataArguments, args: TransformerTrainingArguments)
             )
         except (ValueError, UnicodeDecodeError) as error:  # a bad file or language: one line naming it
             raise CorpusError(str(error)) from error
-    return hold_out(corpus)
+    held_out = hold_out(corpus)
+    held_out.skipped_lines = getattr(corpus, "skipped_lines", {})  # (local files: the lines that were no pair)
+    return held_out
 
 
 def _validation_split(recipe: ModelDataArguments, encoded: DatasetDict):
@@ -122,3 +139,17 @@ def _validation_split(recipe: ModelDataArguments, encoded: DatasetDict):
     if evaluation is not None and recipe.max_eval_samples is not None:
         evaluation = evaluation.select(range(min(recipe.max_eval_samples, len(evaluation))))
     return evaluation
+
+
+def check_budget_left(recipe: ModelDataArguments, args: TransformerTrainingArguments, clock: SetupClock) -> None:
+    """Stop a budgeted run as soon as its set-up has spent the whole budget, naming what it took (the planner would
+    find no time left, but only after the rest of the set-up)."""
+    if not budgeted(recipe, args):
+        return
+    spent = time.time() - clock.started
+    if spent >= recipe.max_minutes * 60:
+        stages = ", ".join(f"{name} {facts['seconds']:.0f} s" for name, facts in clock.stages.items())
+        raise BudgetError(
+            f"max_minutes={recipe.max_minutes:g} leaves no time to train: the set-up alone took {spent / 60:.1f} min "
+            f"({stages}); give more minutes (the set-up is faster from the data cache)."
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import shutil
 import sys
 import time
 from collections.abc import Mapping
@@ -22,7 +23,9 @@ from transformers.utils import logging as hf_logging
 
 from ..data.batching import TokenBudgetBatchSampler
 from ..model.inputs_vanilla_transformer import without_host_reads
-from .checkpoints import mark_complete
+from ..utils.faults import moment
+from ..utils.files import disk_full, folder_bytes, is_disk_full
+from .checkpoints import checkpoint_folders, mark_complete
 from .collapse import source_dependence
 from .device import tf32_matmuls
 
@@ -148,8 +151,12 @@ class TransformerTrainer(Seq2SeqTrainer):
         return self.accelerator.prepare(loader)
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None, **kwargs):
+        self._prediction_seconds = 0.0
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, **kwargs)
         prefix = kwargs.get("metric_key_prefix", "eval")
+        moment("validation")
+        # The prediction steps' own time (decoding, and each batch's loss), apart from the metrics and the loop.
+        output.metrics[f"{prefix}_prediction_seconds"] = self._prediction_seconds
         if self.source_check and prefix == "eval":
             training = self.model.training
             self.model.eval()
@@ -172,22 +179,38 @@ class TransformerTrainer(Seq2SeqTrainer):
         # Seq2SeqTrainer fills the model's generation config with transformers' global defaults (max_length 20, ...)
         # in place; every checkpoint would then carry them. Evaluate on a copy and keep the model's own config.
         generation_config = copy.deepcopy(self.model.generation_config)
+        began = time.perf_counter()
         try:
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
         finally:
             self.model.generation_config = generation_config
+            self._prediction_seconds = getattr(self, "_prediction_seconds", 0.0) + time.perf_counter() - began
 
     def _save_checkpoint(self, model, trial) -> None:
         """`Trainer`'s checkpoint, then a `.complete` marker once every process has written its part, so that a
-        checkpoint interrupted at any moment (SIGKILL included) is never mistaken for a complete one."""
+        checkpoint interrupted at any moment (SIGKILL included) is never mistaken for a complete one. A device that
+        fills up while writing it is named (`DiskFullError`), the partial checkpoint removed: the last complete
+        one stays, to resume from."""
         self._read_tokens_seen()  # the checkpoint's trainer state holds the count
-        with _without_nested_bars():
-            super()._save_checkpoint(model, trial)
         folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+        try:
+            with _without_nested_bars():
+                super()._save_checkpoint(model, trial)
+        except Exception as error:
+            if not is_disk_full(error, folder.parent):
+                raise
+            shutil.rmtree(folder, ignore_errors=True)
+            raise disk_full(folder.parent, _checkpoint_bytes(folder.parent), f"checkpoint {folder.name}") from error
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
+            moment("checkpoint-marker")
             mark_complete(folder, self.state.global_step)
         self.accelerator.wait_for_everyone()
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        moment("checkpoint-weights", output_dir)  # the weights are written, the optimizer state not yet
+        super()._save_optimizer_and_scheduler(output_dir)
+        moment("checkpoint-optimizer")
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.lr_scheduler is None:
@@ -195,3 +218,9 @@ class TransformerTrainer(Seq2SeqTrainer):
             self.lr_scheduler = noam_schedule(optimizer, int(self.args.warmup_steps))
             self._created_lr_scheduler = True
         return self.lr_scheduler
+
+
+def _checkpoint_bytes(output_dir: Path) -> int | None:
+    """What a checkpoint of this run takes, from its newest complete one (None before the first)."""
+    folders = checkpoint_folders(output_dir)
+    return folder_bytes(folders[-1]) if folders else None

@@ -1,2 +1,4 @@
-"""What every room of the package shares: the machine's description (`machine`), files written atomically
-(`files`), and decisions the main process takes for every process of a launch (`distributed`)."""
+"""What every room of the package shares: the machine's description (`machine`), files written atomically and a
+full device named (`files`), decisions the main process takes for every process of a launch (`distributed`), the
+set-up clock (`stages`), the allocator (`allocator`), the output folder's lock (`locks`), and the moments where the
+fault-injection suite strikes (`faults`)."""

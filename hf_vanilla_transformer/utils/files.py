@@ -1,8 +1,10 @@
 """Files and folders written so that an interruption at any moment never leaves one that looks complete: each is
-written under a temporary name in the same folder, then renamed (`os.replace` is atomic on one file system)."""
+written under a temporary name in the same folder, flushed to the disk, then renamed (`os.replace` is atomic on one
+file system); and a device that fills up while writing is named in one line (`DiskFullError`)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -13,9 +15,26 @@ def write_text_atomically(path: str | Path, text: str) -> Path:
     """Write `text` (UTF-8) to `path` through a temporary file renamed into place."""
     path = Path(path)
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
+    with temporary.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())  # the content is on the disk before the name points at it
     os.replace(temporary, path)
     return path
+
+
+def sync_folder(folder: str | Path) -> None:
+    """Flush every file under `folder`, and the folder itself, to the disk (before a marker says it is whole)."""
+    folder = Path(folder)
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as handle:
+                os.fsync(handle.fileno())
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def write_json_atomically(path: str | Path, data) -> Path:
@@ -35,3 +54,55 @@ def replace_folder_atomically(path: str | Path, write) -> Path:
         shutil.rmtree(path)
     temporary.rename(path)
     return path
+
+
+NEARLY_FULL = 1 << 20  # bytes free under which a failed write is taken for a full device
+
+
+class DiskFullError(OSError):
+    """No space was left where a file was being written; the message names the folder, the space free there and
+    about how much the write needed."""
+
+
+def is_disk_full(error: BaseException, folder: str | Path | None = None) -> bool:
+    """Whether `error` (or what caused it) comes of a full device: an OSError with ENOSPC, the libraries' own words
+    for it, or, where they have none (torch.save: "unexpected pos 64 vs 0"), the device of `folder` with less than
+    `NEARLY_FULL` bytes free."""
+    cause = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(cause) or "file write failed" in str(cause):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    if folder is None:
+        return False
+    existing = next((parent for parent in (Path(folder), *Path(folder).parents) if parent.exists()), Path("/"))
+    return shutil.disk_usage(existing).free < NEARLY_FULL
+
+
+def disk_full(folder: str | Path, needed: int | None, writing: str) -> DiskFullError:
+    """The error that says the device of `folder` filled up while `writing`, with the space free there and `needed`
+    (bytes, about; None where it is not known)."""
+    folder = Path(folder)
+    existing = next((parent for parent in (folder, *folder.parents) if parent.exists()), Path("/"))
+    free = shutil.disk_usage(existing).free
+    wanted = f", about {human_bytes(needed)} needed" if needed else ""
+    return DiskFullError(
+        errno.ENOSPC,
+        f"no space left on the device of {folder} while writing {writing}: {human_bytes(free)} free{wanted}. "
+        "Free some space (or point the folder elsewhere) and run the same command again: it resumes",
+    )
+
+
+def folder_bytes(folder: str | Path) -> int:
+    """The bytes of the files under `folder` (0 where it does not exist)."""
+    return sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
+
+
+def human_bytes(size: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"

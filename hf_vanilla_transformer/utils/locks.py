@@ -1,0 +1,83 @@
+"""One run per output folder: the main process of a run holds `<output_dir>/.lock` (an exclusive `flock`) from its
+start to its end, with its host, process id and start time written in it. A second run into the same folder is
+refused with a message naming the one that holds it. A lock left by a run that was killed holds nothing: the
+kernel releases a dead process's `flock`, so the next run takes it over (its file still names the dead run, and the
+message of the take-over says so). On storage several machines share, `flock` is only as good as the file system's
+support for it (NFS v4 has it)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+LOCK = ".lock"
+
+
+class FolderInUseError(RuntimeError):
+    """Another run holds the folder; the message names it."""
+
+
+@contextmanager
+def folder_lock(folder: str | Path, logger=None) -> Iterator[Path]:
+    """Hold `folder`'s lock inside the block; a `FolderInUseError` names the process that holds it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK
+    handle = path.open("a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "another process"
+        handle.close()
+        raise FolderInUseError(
+            f"{folder} is in use by another run ({owner}); wait for it to end, or give another --output_dir."
+        ) from None
+    handle.seek(0)
+    before = handle.read().strip()
+    if before and logger is not None:
+        logger.info("%s was locked by a run that ended without releasing it (%s): taken over", folder, before)
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"process {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    handle.flush()
+    try:
+        yield path
+    finally:
+        handle.seek(0)
+        handle.truncate()  # an empty lock file: no run holds the folder
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+@contextmanager
+def preparing(lock: Path, what: Path, logger=None) -> Iterator[None]:
+    """Hold `lock` while `what` (a cache entry) is checked and, if need be, prepared: a second job that wants the
+    same entry waits (said in its log, naming the job that prepares it), then finds it complete and reads it instead
+    of preparing it again. A job killed while preparing releases the lock with its death."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "another process"
+            if logger is not None:
+                logger.info("waiting for %s, which prepares %s", owner, what)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"process {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.seek(0)
+            handle.truncate()
+            fcntl.flock(handle, fcntl.LOCK_UN)
