@@ -8,6 +8,8 @@ of an uninterrupted one, bit for bit. The suite writes what it found to $HF_VANI
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -28,6 +30,8 @@ from hf_vanilla_transformer.data.cache import building, dataset_key, entry_lock
 from hf_vanilla_transformer.data.corpora import SKIPPED, SKIPPED_FILE, parallel_files_corpus, write_pairs
 from hf_vanilla_transformer.training.checkpoints import checkpoint_folders, validate_checkpoint
 from hf_vanilla_transformer.utils.faults import FILLER, MOMENTS
+from hf_vanilla_transformer.utils.files import is_disk_full
+from hf_vanilla_transformer.utils.locks import folder_lock
 
 from conftest import FIXTURES, ROOT
 
@@ -122,11 +126,27 @@ def test_a_run_killed_at_any_moment_resumes_to_the_uninterrupted_runs_weights(re
     killed = run(arguments, HF_VANILLA_TRANSFORMER_KILL_AT=f"{moment}:{count}")
     assert killed.returncode == -signal.SIGKILL, (moment, killed.returncode, killed.stderr[-2000:])
     assert not (tmp_path / "run" / "results.json").exists()
+    complete = checkpoint_folders(tmp_path / "run")
     again = run(arguments)
     assert again.returncode == 0, again.stderr[-3000:]
     assert_complete_and_equal(tmp_path / "run", folder)
     resumed = next((line for line in again.stderr.splitlines() if "resuming from" in line), "")
-    record("kill", moment=moment, count=count, where=MOMENTS[moment], resumed=resumed.rsplit("/", 1)[-1] or "start")
+    resumed = resumed.rsplit("/", 1)[-1] or "start"
+    assert resumed == (complete[-1].name if complete else "start")  # the newest complete checkpoint, no older
+    record("kill", moment=moment, count=count, where=MOMENTS[moment], resumed=resumed)
+
+
+@pytest.mark.slow
+def test_a_kill_before_the_marker_keeps_the_checkpoint_before_under_save_total_limit(reference, tmp_path):
+    """`--save_total_limit 1`: the older checkpoint goes only once the newer is complete."""
+    arguments = command(tmp_path / "run", reference[1], "--save_total_limit", "1")
+    killed = run(arguments, HF_VANILLA_TRANSFORMER_KILL_AT="checkpoint-marker:2")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert [path.name for path in checkpoint_folders(tmp_path / "run")] == ["checkpoint-10"]
+    again = run(arguments)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from " in again.stderr and again.stderr.split("resuming from ")[1].split()[0].endswith("-10")
+    assert [path.name for path in checkpoint_folders(tmp_path / "run")] == ["checkpoint-40"]
 
 
 @pytest.mark.slow
@@ -246,6 +266,33 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_a_killed_runs_lock_is_
     record("two runs", message=last.removeprefix("train.py: "))
 
 
+def test_a_lock_dies_with_the_process_that_took_it_not_with_its_last_child(tmp_path):
+    """A run killed alone (the OOM killer picks one process) while its BPE child or a map worker still runs leaves
+    its folder and its cache entry free: a forked child does not hold its parent's locks."""
+    script = f"""
+import os, sys, time
+from pathlib import Path
+from hf_vanilla_transformer.utils.locks import folder_lock, preparing
+with folder_lock({str(tmp_path / "run")!r}), preparing(Path({str(tmp_path / "entry.lock")!r}), Path("entry")):
+    child = os.fork()
+    if child == 0:
+        os.close(1), os.close(2)  # the test reads the parent's output to its end
+        time.sleep(60)
+        os._exit(0)
+    print(child, flush=True)
+    os.kill(os.getpid(), 9)
+"""
+    died = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
+    child = int(died.stdout.split()[0])
+    try:
+        os.kill(child, 0)  # the child still runs ...
+        with folder_lock(tmp_path / "run"), (tmp_path / "entry.lock").open("a") as entry:
+            fcntl.flock(entry, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ... and both locks are free
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 @pytest.mark.slow
 def test_two_jobs_preparing_one_corpus_at_once_both_read_it_whole(reference, tmp_path):
     folder, _ = reference
@@ -313,6 +360,18 @@ def test_a_cache_copied_elsewhere_keeps_its_keys(tmp_path):
     assert dataset_key(here) == dataset_key(there)
     assert dataset_key(here.select(range(50))) == dataset_key(there.select(range(50)))
     assert dataset_key(here.select(range(50))) != dataset_key(here.select(range(1, 51)))
+
+
+def test_only_a_full_device_is_taken_for_one(tmp_path):
+    full = OSError(errno.ENOSPC, "No space left on device")
+    wrapped = RuntimeError("the checkpoint could not be written")
+    wrapped.__cause__ = full
+    assert is_disk_full(full) and is_disk_full(wrapped) and is_disk_full(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    # torch.save names no cause: a failed write counts only where the device is nearly full, which tmp_path is not
+    assert not is_disk_full(
+        RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0"), tmp_path
+    )
+    assert not is_disk_full(ValueError("a bug in the plots"), tmp_path)
 
 
 def truncate(path: Path) -> None:
@@ -472,7 +531,9 @@ def table(report: str) -> str:
         found = json.loads(re.sub(r"/tmp/pytest-of-[^/]+/pytest-\d+/[^/]+/", "…/", line))
         kind = found.pop("kind")
         if kind == "kill":
-            occurrence = f" (the {found['count']}. time)" if found["count"] > 1 else ""
+            count = found["count"]
+            suffix = "th" if 10 <= count % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(count % 10, "th")
+            occurrence = f" (the {count}{suffix} time)" if count > 1 else ""
             resumed = "from the start" if found["resumed"] == "start" else f"from {found['resumed']}"
             rows.append(
                 f"| SIGKILL at `{found['moment']}`{occurrence} | {found['where']} | run again: resumed {resumed}, "

@@ -33,7 +33,7 @@ from ..training.collapse import SourceCollapseError, collapse_message
 from ..training.planning import BudgetError
 from ..training.recipes import machine_recipe, parse_arguments
 from ..training.run import train_and_evaluate
-from ..utils.files import DiskFullError
+from ..utils.files import DiskFullError, is_disk_full
 from ..utils.locks import FolderInUseError
 
 
@@ -84,6 +84,14 @@ def train_from_command_line(
         raise SystemExit(f"{script}: {error}") from None
     except (DiskFullError, FolderInUseError) as error:
         raise SystemExit(f"{script}: {error.strerror if isinstance(error, OSError) else error}") from None
+    except OSError as error:  # a full device where no writer above named it (a marker, budget.json, a log)
+        if not is_disk_full(error):
+            raise
+        where = f" while writing {error.filename}" if error.filename else ""
+        raise SystemExit(
+            f"{script}: no space left on the device{where}. Free some space and run the same command again: it "
+            "resumes from its last complete checkpoint."
+        ) from None
 
 
 def process_start_time() -> float:

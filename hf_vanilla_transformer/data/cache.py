@@ -3,6 +3,7 @@ Arrow files under the data cache folder (`HF_VANILLA_TRANSFORMER_DATA`, default 
 or `--data_cache_dir`), in a folder named by a key of what it was made from:
 
     corpora/<key of the files' content>/{train,validation,test}.arrow      local parallel files
+    libreoffice-{help,ui}-en-<lang>/, debs/<package>/                      the LibreOffice corpora, their packages
     tokenizers/<key of the corpus and the BPE settings>/tokenizer.json    learned shared BPEs
     tokenized/<key of the corpus>/<key of the tokenizer and max_length>/   tokenized splits with their lengths
 
@@ -119,16 +120,20 @@ def complete_folder(path: Path) -> Path | None:
     if problem is None:
         return path
     logger.warning("the cached %s is damaged (%s): it is built again", path, problem)
-    shutil.rmtree(path, ignore_errors=True)
+    # Renamed aside first (a rename is whole or nothing), then removed: what a removal cannot delete (an open file
+    # on NFS, a file of another user) stays aside, never where the entry is read.
+    aside = path.with_name(f"{path.name}.damaged-{os.getpid()}-{secrets.token_hex(4)}")
+    path.rename(aside)
+    shutil.rmtree(aside, ignore_errors=True)
     return None
 
 
 def damage(folder: Path) -> str | None:
-    """What is wrong with the cached `folder` against its manifest, in words; None where nothing is (or where it
-    was written before manifests)."""
+    """What is wrong with the cached `folder` against its manifest, in words; None where nothing is. A folder
+    without a manifest is damaged too: copied in part, or written by a version before manifests."""
     manifest = folder / MANIFEST
     if not manifest.exists():
-        return None
+        return f"{manifest} is missing"
     try:
         expected = json.loads(manifest.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
@@ -207,8 +212,9 @@ def building(path: Path):
         publish_folder(temporary, path)
     except BaseException as error:
         written = folder_bytes(temporary)
+        full = isinstance(error, Exception) and is_disk_full(error, path.parent)  # the free space before clean-up
         shutil.rmtree(temporary, ignore_errors=True)
-        if isinstance(error, Exception) and is_disk_full(error, path.parent):
+        if full:
             raise disk_full(path.parent, 2 * written or None, f"the cached {path.name}") from error
         raise
 

@@ -24,14 +24,13 @@ import shutil
 import subprocess
 import tempfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_from_disk
 
-from ..utils.files import replace_folder_atomically
-from .cache import cache_root
+from .cache import building, cache_root, complete_folder, entry_lock
 from .splits import SPLITS, CorpusError
 
 
@@ -64,6 +63,13 @@ def fetch_debian_package(package: str, cache_dir: Path) -> Path:
     unpacked = cache_dir / "debs" / package
     if (unpacked / UNPACKED).exists():
         return unpacked
+    with entry_lock(unpacked, cache_dir):  # one job fetches it; another waits, then finds it
+        if not (unpacked / UNPACKED).exists():
+            _fetch_and_unpack(package, unpacked, cache_dir)
+    return unpacked
+
+
+def _fetch_and_unpack(package: str, unpacked: Path, cache_dir: Path) -> None:
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
         raise CorpusError(
             f"Cannot fetch the Debian package {package}: apt-get and dpkg-deb are not available on this machine. "
@@ -94,12 +100,11 @@ def fetch_debian_package(package: str, cache_dir: Path) -> Path:
             raise CorpusError(f"`apt-get download {package}` left no .deb file in {tmp}.")
         target = Path(tmp) / "unpacked"
         subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(target)], check=True, capture_output=True)
-        if unpacked.exists():
+        (target / UNPACKED).write_text(debs[0].name + "\n")  # the folder appears with its mark, whole
+        if unpacked.exists():  # an interrupted unpacking of an earlier version
             shutil.rmtree(unpacked)
         unpacked.parent.mkdir(parents=True, exist_ok=True)
         target.rename(unpacked)
-    (unpacked / UNPACKED).write_text(debs[0].name + "\n")
-    return unpacked
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -214,21 +219,20 @@ def libreoffice_help_corpus(
         raise ValueError(f"source_lang={source_lang!r}: the LibreOffice help is written in English; use 'en'.")
     suffix, folder = debian_language(target_lang)
     cache_dir = cache_root(cache_dir)
-    cached = cache_dir / f"libreoffice-help-en-{suffix}"
-    if (cached / "dataset_dict.json").exists():
-        return load_from_disk(str(cached))
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    english = fetch_debian_package("libreoffice-help-en-us", cache_dir)
-    other = fetch_debian_package(f"libreoffice-help-{suffix}", cache_dir)
-    help_root = Path("usr/share/libreoffice/help")
-    source_root, target_root = english / help_root / "en-US", other / help_root / folder
-    if not target_root.exists():
-        found = sorted(p.name for p in (other / help_root).iterdir()) if (other / help_root).exists() else []
-        raise CorpusError(f"libreoffice-help-{suffix} has no help folder {folder!r}; it holds {found}.")
-    corpus = split_and_deduplicate(align_help_trees(source_root, target_root))
-    _check_not_empty(corpus, f"libreoffice-help-{suffix}")
-    _save(corpus, cached)
-    return corpus
+
+    def build() -> DatasetDict:
+        english = fetch_debian_package("libreoffice-help-en-us", cache_dir)
+        other = fetch_debian_package(f"libreoffice-help-{suffix}", cache_dir)
+        help_root = Path("usr/share/libreoffice/help")
+        source_root, target_root = english / help_root / "en-US", other / help_root / folder
+        if not target_root.exists():
+            found = sorted(p.name for p in (other / help_root).iterdir()) if (other / help_root).exists() else []
+            raise CorpusError(f"libreoffice-help-{suffix} has no help folder {folder!r}; it holds {found}.")
+        corpus = split_and_deduplicate(align_help_trees(source_root, target_root))
+        _check_not_empty(corpus, f"libreoffice-help-{suffix}")
+        return corpus
+
+    return _cached_corpus(cache_dir / f"libreoffice-help-en-{suffix}", cache_dir, build)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -253,23 +257,19 @@ def libreoffice_ui_corpus(target_lang: str = "de", cache_dir: str | Path | None 
     """The LibreOffice user-interface strings (`libreoffice-l10n-<lang>`), split by catalogue file like the help."""
     suffix, _ = debian_language(target_lang)
     cache_dir = cache_root(cache_dir)
-    cached = cache_dir / f"libreoffice-ui-en-{suffix}"
-    if (cached / "dataset_dict.json").exists():
-        return load_from_disk(str(cached))
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    unpacked = fetch_debian_package(f"libreoffice-l10n-{suffix}", cache_dir)
-    root = unpacked / "usr/lib/libreoffice/program/resource"
-    catalogues = sorted(root.glob("*/LC_MESSAGES/*.mo"))
 
-    def rows():
-        for path in catalogues:
-            for english, translation in read_mo_catalogue(path):
-                yield path.name, english, translation
+    def build() -> DatasetDict:
+        unpacked = fetch_debian_package(f"libreoffice-l10n-{suffix}", cache_dir)
+        root = unpacked / "usr/lib/libreoffice/program/resource"
+        catalogues = sorted(root.glob("*/LC_MESSAGES/*.mo"))
+        rows = (
+            (path.name, english, translation) for path in catalogues for english, translation in read_mo_catalogue(path)
+        )
+        corpus = split_and_deduplicate(rows)
+        _check_not_empty(corpus, f"libreoffice-l10n-{suffix}")
+        return corpus
 
-    corpus = split_and_deduplicate(rows())
-    _check_not_empty(corpus, f"libreoffice-l10n-{suffix}")
-    _save(corpus, cached)
-    return corpus
+    return _cached_corpus(cache_dir / f"libreoffice-ui-en-{suffix}", cache_dir, build)
 
 
 def _check_not_empty(corpus: DatasetDict, name: str) -> None:
@@ -281,6 +281,12 @@ def _check_not_empty(corpus: DatasetDict, name: str) -> None:
         )
 
 
-def _save(corpus: DatasetDict, path: Path) -> None:
-    """Written to a temporary folder, then renamed: an interrupted build never looks complete."""
-    replace_folder_atomically(path, lambda folder: corpus.save_to_disk(str(folder)))
+def _cached_corpus(cached: Path, cache_dir: Path, build: Callable[[], DatasetDict]) -> DatasetDict:
+    """The corpus cached at `cached`; where it is missing or damaged, made by `build()` under the entry's lock (a
+    second job waits for it, then reads it) and published whole, with its manifest (data/cache.py)."""
+    with entry_lock(cached, cache_dir):
+        if complete_folder(cached) is None:
+            corpus = build()
+            with building(cached) as temporary:
+                corpus.save_to_disk(str(temporary))
+    return load_from_disk(str(cached))

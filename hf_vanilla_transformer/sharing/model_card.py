@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..utils.faults import moment
 from ..utils.files import write_text_atomically
 
 
@@ -164,5 +163,4 @@ def _usage_values(results: dict, repo_id: str | None, plots: list[str] | None) -
 
 def write_model_card(folder: str | Path, results: dict, plots: list[str] | None = None) -> Path:
     text = render_model_card(results, plots=plots)
-    moment("card")
-    return write_text_atomically(Path(folder) / "README.md", text)
+    return write_text_atomically(Path(folder) / "README.md", text, at="card")

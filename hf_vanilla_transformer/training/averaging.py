@@ -61,9 +61,9 @@ def average_checkpoints(
     if unexpected or set(missing) - tied:
         raise ValueError(f"Averaged weights do not fit the model: missing {missing}, unexpected {unexpected}.")
     model.tie_weights()
-    moment("averaging")
     output_dir = Path(output_dir)
     model.save_pretrained(output_dir)
+    moment("averaging")
     copy_tokenizer_files(checkpoints[-1], output_dir)
     return model
 

@@ -218,8 +218,7 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
             f", validation every {new.eval_steps:,}" if new.eval_steps else "",
         )
         if args.should_save:
-            moment("replan")
-            write_plan(args.output_dir, self.plan)
+            write_plan(args.output_dir, self.plan, at="replan")
 
 
 class SetupClockCallback(TrainerCallback):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..utils.faults import moment
 from ..utils.files import write_json_atomically
 from .planning import BudgetPlan
 
@@ -16,9 +15,9 @@ BUDGET_FILE = "budget.json"
 CALLBACK = "TimeBudgetCallback"  # the budget callback's class: its name keys its state in a checkpoint
 
 
-def write_plan(output_dir: str | Path, plan: BudgetPlan) -> None:
-    moment("plan")
-    write_json_atomically(Path(output_dir) / BUDGET_FILE, plan.to_dict())
+def write_plan(output_dir: str | Path, plan: BudgetPlan, at: str = "plan") -> None:
+    """`budget.json`, written atomically (`at`: the fault suite's moment, "replan" for a re-plan's)."""
+    write_json_atomically(Path(output_dir) / BUDGET_FILE, plan.to_dict(), at=at)
 
 
 def remove_plan(output_dir: str | Path) -> None:

@@ -196,6 +196,9 @@ def finish_run(run: PreparedRun, outcome: RunOutcome) -> dict:
 
 def _finish_run(run: PreparedRun, outcome: RunOutcome) -> dict:
     recipe, trainer, output_dir = run.recipe, run.trainer, Path(run.args.output_dir)
+    # The model's files are written again below: a results.json of an earlier run (a finished run started again, or
+    # given more updates) no longer marks the folder complete until this run writes its own.
+    (output_dir / "results.json").unlink(missing_ok=True)
     # 1. Average the last checkpoints into the model folder (§6.1).
     model, outcome.averaged = average_last_checkpoints(
         output_dir,

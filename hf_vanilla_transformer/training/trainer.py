@@ -19,6 +19,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer
+from transformers.trainer_utils import rotate_checkpoints
 from transformers.utils import logging as hf_logging
 
 from ..data.batching import TokenBudgetBatchSampler
@@ -193,6 +194,9 @@ class TransformerTrainer(Seq2SeqTrainer):
         one stays, to resume from."""
         self._read_tokens_seen()  # the checkpoint's trainer state holds the count
         folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+        # `Trainer` removes the checkpoints over `save_total_limit` before this one is marked complete: a kill in
+        # between would leave none to resume from. They are removed here, once it is.
+        limit, self.args.save_total_limit = self.args.save_total_limit, None
         try:
             with _without_nested_bars():
                 super()._save_checkpoint(model, trial)
@@ -201,10 +205,15 @@ class TransformerTrainer(Seq2SeqTrainer):
                 raise
             shutil.rmtree(folder, ignore_errors=True)
             raise disk_full(folder.parent, _checkpoint_bytes(folder.parent), f"checkpoint {folder.name}") from error
+        finally:
+            self.args.save_total_limit = limit
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             moment("checkpoint-marker")
             mark_complete(folder, self.state.global_step)
+            rotate_checkpoints(
+                str(folder.parent), save_total_limit=limit, best_model_checkpoint=self.state.best_model_checkpoint
+            )
         self.accelerator.wait_for_everyone()
 
     def _save_optimizer_and_scheduler(self, output_dir):

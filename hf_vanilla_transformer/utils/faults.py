@@ -6,7 +6,7 @@ something it reads back later.
   BPE child, its data workers), as a preempted node or an out-of-memory killer would: no handler runs, no file is
   closed.
 * `HF_VANILLA_TRANSFORMER_FILL_AT=<moment>[:<n>]`: there, the device of the folder being written is filled up (a
-  file `FILLER` in it takes all the space left), so that the next write fails as on a full disk.
+  file `FILLER` at its mount point takes all the space left), so that the next write fails as on a full disk.
 
 Without the variables, `moment()` reads two environment variables and returns.
 """
@@ -25,17 +25,17 @@ MOMENTS = {
     "corpus": "writing a local corpus into the data cache",
     "bpe": "learning the BPE (in the forked child)",
     "tokenize": "writing the tokenized training split into the data cache",
-    "plan": "writing budget.json",
+    "plan": "writing budget.json (its temporary file flushed, not yet renamed)",
     "update": "between two updates",
     "checkpoint-weights": "a checkpoint written up to its weights",
     "checkpoint-optimizer": "a checkpoint written up to its optimizer state",
     "checkpoint-marker": "a checkpoint written whole, before its completion marker",
-    "replan": "writing a re-planned budget.json",
+    "replan": "writing a re-planned budget.json (its temporary file flushed, not yet renamed)",
     "validation": "in a validation, after its decoding",
-    "averaging": "averaging the last checkpoints",
+    "averaging": "writing the averaged model (its weights written, its tokenizer not yet)",
     "model-folder": "writing the model folder",
-    "card": "writing the model card",
-    "plots": "drawing the plots",
+    "card": "writing the model card (its temporary file flushed, not yet renamed)",
+    "plots": "drawing the plots (the first written, the others not yet)",
 }
 _reached: dict[str, int] = {}
 

@@ -10,15 +10,20 @@ import os
 import shutil
 from pathlib import Path
 
+from .faults import moment
 
-def write_text_atomically(path: str | Path, text: str) -> Path:
-    """Write `text` (UTF-8) to `path` through a temporary file renamed into place."""
+
+def write_text_atomically(path: str | Path, text: str, at: str | None = None) -> Path:
+    """Write `text` (UTF-8) to `path` through a temporary file renamed into place; `at` names the fault suite's
+    moment (utils/faults.py) between the two."""
     path = Path(path)
     temporary = path.with_name(path.name + ".tmp")
     with temporary.open("w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())  # the content is on the disk before the name points at it
+    if at is not None:
+        moment(at)
     os.replace(temporary, path)
     return path
 
@@ -37,23 +42,9 @@ def sync_folder(folder: str | Path) -> None:
         os.close(descriptor)
 
 
-def write_json_atomically(path: str | Path, data) -> Path:
-    """`data` as indented JSON (non-ASCII kept), written atomically."""
-    return write_text_atomically(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-
-
-def replace_folder_atomically(path: str | Path, write) -> Path:
-    """Build a folder with `write(temporary_folder)`, then rename it to `path`, replacing what was there: an
-    interrupted build leaves only the temporary folder, which the next build removes first."""
-    path = Path(path)
-    temporary = path.with_name(path.name + ".tmp")
-    if temporary.exists():
-        shutil.rmtree(temporary)
-    write(temporary)
-    if path.exists():
-        shutil.rmtree(path)
-    temporary.rename(path)
-    return path
+def write_json_atomically(path: str | Path, data, at: str | None = None) -> Path:
+    """`data` as indented JSON (non-ASCII kept), written atomically (`at`: see `write_text_atomically`)."""
+    return write_text_atomically(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n", at=at)
 
 
 NEARLY_FULL = 1 << 20  # bytes free under which a failed write is taken for a full device
@@ -64,18 +55,25 @@ class DiskFullError(OSError):
     about how much the write needed."""
 
 
+# torch.save's words for a write that failed, whatever the cause (it gives no errno: "unexpected pos 64 vs 0")
+WRITE_FAILED = ("file write failed", "unexpected pos", "PytorchStreamWriter failed")
+
+
 def is_disk_full(error: BaseException, folder: str | Path | None = None) -> bool:
-    """Whether `error` (or what caused it) comes of a full device: an OSError with ENOSPC, the libraries' own words
-    for it, or, where they have none (torch.save: "unexpected pos 64 vs 0"), the device of `folder` with less than
-    `NEARLY_FULL` bytes free."""
+    """Whether `error` (or what caused it) comes of a full device: an OSError with ENOSPC or EDQUOT (a quota),
+    the libraries' own words for them, or, where a writer says only that a write failed (`WRITE_FAILED`), such a
+    failure with less than `NEARLY_FULL` bytes free on the device of `folder`. Any other error is not."""
+    write_failed = False
     cause = error
     while cause is not None:
-        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
-        if "No space left on device" in str(cause) or "file write failed" in str(cause):
+        text = str(cause)
+        if "No space left on device" in text or "Disk quota exceeded" in text:
             return True
+        write_failed = write_failed or any(words in text for words in WRITE_FAILED)
         cause = cause.__cause__ or cause.__context__
-    if folder is None:
+    if not write_failed or folder is None:
         return False
     existing = next((parent for parent in (Path(folder), *Path(folder).parents) if parent.exists()), Path("/"))
     return shutil.disk_usage(existing).free < NEARLY_FULL

@@ -18,6 +18,20 @@ from pathlib import Path
 
 LOCK = ".lock"
 
+# The lock files this process holds open. A forked child (the BPE's, datasets.map's workers, the DataLoader's) shares
+# their open file descriptions, and with them the `flock`s: each child closes its copies at once, so that the locks
+# die with the process that took them, not with its last child.
+_held: set = set()
+
+
+def _close_in_child() -> None:
+    for handle in _held:
+        handle.close()
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
 
 class FolderInUseError(RuntimeError):
     """Another run holds the folder; the message names it."""
@@ -39,6 +53,7 @@ def folder_lock(folder: str | Path, logger=None) -> Iterator[Path]:
         raise FolderInUseError(
             f"{folder} is in use by another run ({owner}); wait for it to end, or give another --output_dir."
         ) from None
+    _held.add(handle)
     handle.seek(0)
     before = handle.read().strip()
     if before and logger is not None:
@@ -50,6 +65,7 @@ def folder_lock(folder: str | Path, logger=None) -> Iterator[Path]:
     try:
         yield path
     finally:
+        _held.discard(handle)
         handle.seek(0)
         handle.truncate()  # an empty lock file: no run holds the folder
         fcntl.flock(handle, fcntl.LOCK_UN)
@@ -71,6 +87,7 @@ def preparing(lock: Path, what: Path, logger=None) -> Iterator[None]:
             if logger is not None:
                 logger.info("waiting for %s, which prepares %s", owner, what)
             fcntl.flock(handle, fcntl.LOCK_EX)
+        _held.add(handle)
         handle.seek(0)
         handle.truncate()
         handle.write(f"process {os.getpid()} on {socket.gethostname()}\n")
@@ -78,6 +95,7 @@ def preparing(lock: Path, what: Path, logger=None) -> Iterator[None]:
         try:
             yield
         finally:
+            _held.discard(handle)
             handle.seek(0)
             handle.truncate()
             fcntl.flock(handle, fcntl.LOCK_UN)
