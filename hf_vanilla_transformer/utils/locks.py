@@ -53,22 +53,14 @@ def folder_lock(folder: str | Path, logger=None) -> Iterator[Path]:
         raise FolderInUseError(
             f"{folder} is in use by another run ({owner}); wait for it to end, or give another --output_dir."
         ) from None
-    _held.add(handle)
     handle.seek(0)
     before = handle.read().strip()
     if before and logger is not None:
         logger.info("%s was locked by a run that ended without releasing it (%s): taken over", folder, before)
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"process {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    handle.flush()
     try:
-        yield path
+        with _held_by_this_process(handle, f", since {time.strftime('%Y-%m-%d %H:%M:%S')}"):
+            yield path
     finally:
-        _held.discard(handle)
-        handle.seek(0)
-        handle.truncate()  # an empty lock file: no run holds the folder
-        fcntl.flock(handle, fcntl.LOCK_UN)
         handle.close()
 
 
@@ -87,15 +79,23 @@ def preparing(lock: Path, what: Path, logger=None) -> Iterator[None]:
             if logger is not None:
                 logger.info("waiting for %s, which prepares %s", owner, what)
             fcntl.flock(handle, fcntl.LOCK_EX)
-        _held.add(handle)
+        with _held_by_this_process(handle):
+            yield
+
+
+@contextmanager
+def _held_by_this_process(handle, since: str = "") -> Iterator[None]:
+    """A lock file just locked: named after this process (its host and id) while held, emptied and unlocked after
+    (an empty lock file: nobody holds it)."""
+    _held.add(handle)
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"process {os.getpid()} on {socket.gethostname()}{since}\n")
+    handle.flush()
+    try:
+        yield
+    finally:
+        _held.discard(handle)
         handle.seek(0)
         handle.truncate()
-        handle.write(f"process {os.getpid()} on {socket.gethostname()}\n")
-        handle.flush()
-        try:
-            yield
-        finally:
-            _held.discard(handle)
-            handle.seek(0)
-            handle.truncate()
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        fcntl.flock(handle, fcntl.LOCK_UN)
