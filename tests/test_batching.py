@@ -240,3 +240,30 @@ def test_length_groups_made_chunk_by_chunk_are_those_of_the_whole_lengths(longes
     assert keys == sorted(set(zip(source.tolist(), target.tolist(), strict=True)))
     with pytest.raises(ValueError, match="chunks differ"):
         LengthSortedSampler.of_chunks([source], [target[:-1]])
+
+
+def test_an_epochs_order_is_the_stable_sort_of_a_permutation_also_in_file_backed_maps(tmp_path, monkeypatch):
+    """The epoch's order (a permutation stably sorted by length group, made by a counting sort a chunk at a time) is
+    `permutation[argsort(groups[permutation], stable)]`; with a scratch folder, a large split's groups and order lie
+    in file-backed maps of unlinked files there, and the batches are the same."""
+    from hf_vanilla_transformer.data import batching
+
+    monkeypatch.setattr(batching, "KEY_CHUNK", 97)  # many chunks
+    source, target = (np.asarray(side, dtype=np.int32) for side in lengths(3000, seed=5))
+    memory = LengthSortedSampler.of_chunks([source], [target], seed=3)
+    permutation = np.arange(3000, dtype=np.uint32)
+    rng = np.random.default_rng([3, 0])
+    rng.shuffle(permutation)
+    expected = permutation[np.argsort(memory.groups[permutation], kind="stable")]
+    assert np.array_equal(memory.order(np.random.default_rng([3, 0])), expected)
+    monkeypatch.setattr(batching, "SCRATCH_FROM", 1000)
+    mapped = LengthSortedSampler.of_chunks([source], [target], seed=3, scratch=tmp_path / "scratch")
+    order = mapped.order(np.random.default_rng([3, 0]))
+    assert isinstance(mapped.groups, np.memmap) and isinstance(order, np.memmap)
+    assert np.array_equal(order, expected) and np.array_equal(mapped.groups, memory.groups)
+    assert not list((tmp_path / "scratch").iterdir())  # unlinked: their space goes with the arrays
+    for epoch in (0, 1):
+        ours, theirs = TokenBudgetBatchSampler.over(mapped, 400), TokenBudgetBatchSampler.over(memory, 400)
+        ours.set_epoch(epoch)
+        theirs.set_epoch(epoch)
+        assert list(ours) == list(theirs)

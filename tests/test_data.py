@@ -7,10 +7,12 @@ import json
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 from datasets import Dataset, DatasetDict
 
 from hf_vanilla_transformer.data import corpora, libreoffice
+from hf_vanilla_transformer.data.cache import open_arrow
 from hf_vanilla_transformer.data.corpora import read_parallel_file, wmt_to_pairs
 from hf_vanilla_transformer.data.libreoffice import (
     align_help_trees,
@@ -171,10 +173,13 @@ def test_tsv_jsonl_and_aligned_text_files(tmp_path):
     (tmp_path / "s.txt").write_text("a\nb\n")
     (tmp_path / "t.txt").write_text("A\nB\n")
     assert read_parallel_file(tmp_path / "s.txt", tmp_path / "t.txt")["target"] == ["A", "B"]
-    corpus = corpora.parallel_files_corpus(
-        f"{tmp_path / 's.txt'},{tmp_path / 't.txt'}", validation=str(tmp_path / "a.tsv")
-    )
-    assert set(corpus) == {"train", "validation"}
+    aligned = f"{tmp_path / 's.txt'},{tmp_path / 't.txt'}"
+    corpus = corpora.parallel_files_corpus(aligned, validation=str(tmp_path / "a.tsv"))
+    assert set(corpus) == {"train", "validation"} and corpus["train"]["source"] == ["a", "b"]
+    # For training, the test pairs not given are carved out of the training file as it is cached (`hold_out_files`).
+    corpus = corpora.parallel_files_corpus(aligned, validation=str(tmp_path / "a.tsv"), carve=True)
+    assert set(corpus) == {"train", "validation", "test"}
+    assert sorted([*corpus["train"]["source"], *corpus["test"]["source"]]) == ["a", "b"]
 
 
 def test_bad_parallel_files_are_named(tmp_path):
@@ -323,6 +328,25 @@ def test_local_files_are_read_into_arrow_once_under_a_key_of_their_content(tmp_p
     assert len(list((tmp_path / "cache" / "corpora").iterdir())) == 3
 
 
+def test_a_lone_training_file_is_carved_in_the_cache_as_in_memory(tmp_path):
+    """A lone training file gets its held-out pairs as it is read into the cache: the same pairs `hold_out` carves
+    in memory, the training split written again without them (no index of its rows held in memory)."""
+    lines = [f"s{i}\tt{i}" for i in range(3000)]
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cached = corpora.parallel_files_corpus(str(tmp_path / "train.tsv"), cache_dir=tmp_path / "cache", carve=True)
+    whole = corpora.parallel_files_corpus(str(tmp_path / "train.tsv"), cache_dir=tmp_path / "cache")
+    assert list(whole) == ["train"] and len(whole["train"]) == 3000  # (scoring a file: every pair)
+    in_memory = corpora.hold_out(DatasetDict({"train": read_parallel_file(tmp_path / "train.tsv")}))
+    for split in ("train", "validation", "test"):
+        assert cached[split]["source"] == in_memory[split]["source"], split
+        assert cached[split]._indices is None and cached[split].cache_files
+    assert [len(cached[split]) for split in ("train", "validation", "test")] == [2700, 150, 150]
+    assert corpora.hold_out(cached) is cached
+    # Read again: the cache, not the file.
+    again = corpora.parallel_files_corpus(str(tmp_path / "train.tsv"), cache_dir=tmp_path / "cache", carve=True)
+    assert again["train"].cache_files == cached["train"].cache_files
+
+
 def test_held_out_pairs_are_carved_from_a_lone_training_file_with_a_fixed_seed():
     train = Dataset.from_dict({"source": [f"s{i}" for i in range(100)], "target": [f"t{i}" for i in range(100)]})
     corpus = corpora.hold_out(DatasetDict({"train": train}), pairs=1000, fraction=0.05)
@@ -340,3 +364,46 @@ def test_held_out_pairs_are_carved_from_a_lone_training_file_with_a_fixed_seed()
     assert len(partial["validation"]) == 3 and len(partial["test"]) == 5 and len(partial["train"]) == 95
     with pytest.raises(CorpusError, match="3 pairs: too few to hold out validation and test"):
         corpora.hold_out(DatasetDict({"train": train.select(range(3))}))
+
+
+def test_released_pages_of_a_mapped_arrow_file_read_the_same_and_writable_maps_are_left_alone(tmp_path):
+    """`release_mapped_pages` unmaps the pages a process read of its read-only Arrow maps (its resident memory
+    drops; the rows read the same afterwards) and never touches a writable map (whose pages could hold data)."""
+    from hf_vanilla_transformer.utils.machine import mapped_bytes, release_mapped_pages
+
+    pairs = ((f"source sentence {i} " * 8, f"target sentence {i} " * 8) for i in range(40000))
+    corpora.write_pairs(pairs, tmp_path / "train.arrow")
+    data = open_arrow(tmp_path / "train.arrow")
+    before = data[:]
+    assert mapped_bytes()["arrow_rss_bytes"] > 8 * 2**20  # read: mapped
+    assert release_mapped_pages() > 0
+    assert mapped_bytes()["arrow_rss_bytes"] < 2**20 and data[:] == before
+    (tmp_path / "scratch.arrow").write_bytes(bytes(2**20))
+    writable = np.memmap(tmp_path / "scratch.arrow", dtype=np.uint8, mode="c")  # copy-on-write: its own pages
+    writable[:] = 7
+    release_mapped_pages()
+    assert int(writable.sum()) == 7 * 2**20
+
+
+def test_a_split_opened_again_in_a_worker_reads_its_headers_lightly_and_the_same_rows(tmp_path):
+    """A Dataset unpickled in a tokenizing worker or the BPE's child is opened again by `datasets`; inside
+    `headers_read_lightly` that goes through `read_arrow_table` (its headers' pages unmapped as they are read), the
+    rows the same, and `datasets` is left as it was after the block."""
+    import pickle
+
+    import datasets.table
+
+    from hf_vanilla_transformer.data.cache import headers_read_lightly, read_arrow_table
+
+    corpora.write_pairs(((f"s{i}", f"t{i}") for i in range(120_000)), tmp_path / "train.arrow")
+    split = open_arrow(tmp_path / "train.arrow").select(range(1000, 3000))
+    opened = []
+    original = datasets.table._memory_mapped_arrow_table_from_file
+    with headers_read_lightly():
+        assert datasets.table._memory_mapped_arrow_table_from_file is not original
+        reopened = pickle.loads(pickle.dumps(split))
+        opened.append(datasets.table._memory_mapped_arrow_table_from_file(str(tmp_path / "train.arrow")))
+    assert datasets.table._memory_mapped_arrow_table_from_file is original
+    assert reopened["source"] == split["source"] and reopened[0]["target"] == "t1000"
+    assert opened[0].equals(read_arrow_table(tmp_path / "train.arrow"))
+    assert [batch.num_rows for batch in opened[0].to_batches()] == [50_000, 50_000, 20_000]

@@ -362,6 +362,43 @@ def test_a_cache_copied_elsewhere_keeps_its_keys(tmp_path):
     assert dataset_key(here.select(range(50))) != dataset_key(here.select(range(1, 51)))
 
 
+def test_an_entry_is_read_whole_again_only_once_written_since_its_last_check(tmp_path, monkeypatch):
+    """An entry's files are checked against their CRC-32s when their signature (size, times of modification and of
+    change, inode) differs from the one of their last check: an unchanged entry is not read again (a warm run on 13
+    GB); a byte changed in place, its modification time set back, is still found (its time of change moved). A
+    local file's hash is kept the same way: a file changed in place gets a new key."""
+    from hf_vanilla_transformer.data import cache
+
+    folder = tmp_path / "cache" / "tokenized" / "entry"
+    with building(folder) as temporary:
+        (temporary / "train.arrow").write_bytes(bytes(range(256)) * 64)
+    read = []
+    original = cache.file_crc
+    monkeypatch.setattr(cache, "file_crc", lambda path: read.append(path.name) or original(path))
+    monkeypatch.setattr(cache, "RACY_NS", 0)  # (a file changed within 2 s of a check is checked again)
+    time.sleep(0.05)  # past the file system's clock tick
+    assert cache.complete_folder(folder) == folder and read == []  # checked as it was published
+    (folder / cache.CHECKED).unlink()  # (a cache written before these records, or copied elsewhere)
+    assert cache.complete_folder(folder) == folder and read == ["train.arrow"]
+    assert cache.complete_folder(folder) == folder and read == ["train.arrow"]  # not again
+    path, before = folder / "train.arrow", (folder / "train.arrow").stat()
+    with path.open("r+b") as handle:
+        handle.seek(1000)
+        handle.write(b"\xff")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert cache.complete_folder(folder) is None and not folder.exists()  # found, set aside, to be built again
+    (tmp_path / "pairs.tsv").write_text("a\tb\n", encoding="utf-8")
+    time.sleep(0.05)
+    first = cache.files_key([tmp_path / "pairs.tsv"], "settings", cache_dir=tmp_path / "cache")
+    assert cache.files_key([tmp_path / "pairs.tsv"], "settings", cache_dir=tmp_path / "cache") == first
+    assert len(list((tmp_path / "cache" / cache.KEYS).glob("*.json"))) == 1  # its hash kept with its signature
+    stat = (tmp_path / "pairs.tsv").stat()
+    time.sleep(0.05)
+    (tmp_path / "pairs.tsv").write_text("a\tc\n", encoding="utf-8")
+    os.utime(tmp_path / "pairs.tsv", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert cache.files_key([tmp_path / "pairs.tsv"], "settings", cache_dir=tmp_path / "cache") != first
+
+
 def test_only_a_full_device_is_taken_for_one(tmp_path):
     full = OSError(errno.ENOSPC, "No space left on device")
     wrapped = RuntimeError("the checkpoint could not be written")

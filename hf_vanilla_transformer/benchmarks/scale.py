@@ -6,8 +6,9 @@ corpus, then runs the real `vanilla-transformer train` on it for `max_steps` upd
 * **cold**: one process, an empty data cache: read the TSV into Arrow, learn the BPE on its capped sample, tokenize in
   parallel, lengths and batches, build, plan, first update;
 * **warm**: the same run again on the same data (a second run, or a resume): everything read from the cache;
-* **launch** (largest N): `accelerate launch` of the `base` recipe with 2 processes, an empty cache: the machine's
-  first process prepares the data, the other reads it.
+* **launch** (largest N): `accelerate launch` with 2 processes (the same preset and vocabulary, or `launch_recipe`),
+  an empty cache: the machine's first process prepares the data, the other reads it; then one process alone on the
+  launch's data cache, to set the launch against.
 
 Each process of each run records its set-up stages (seconds and peak RSS after each, the tokenizing workers' peak
 apart) in `setup-rank<N>.json` (`utils/stages.py`); the benchmark gathers them. Then the batch sampler alone is timed
@@ -45,9 +46,11 @@ class ScaleBenchmarkConfig:
     preset: str = "compact"
     vocab_size: int = 8000
     max_steps: int = 3
-    launch: bool = True  # the 2-process launch of the base recipe on the largest corpus
+    launch: bool = True  # the 2-process launch on the largest corpus, then one process on its cache
+    launch_recipe: str | None = None  # the launch's recipe ("base"); None: the preset and vocabulary of the others
     batch_pairs: int = 36_000_000
     held_out_pairs: int = 200
+    held_out_files: bool = True  # false: the training file alone, its validation and test pairs carved out of it
     seed: int = 0
 
 
@@ -82,15 +85,18 @@ def synthesize_corpus(pairs: int, folder: Path, seed: int = 0, held_out: int = 2
     return files
 
 
-def train_command(files: dict, output: Path, cache: Path, options: ScaleBenchmarkConfig, base: bool = False) -> list:
+def train_command(
+    files: dict, output: Path, cache: Path, options: ScaleBenchmarkConfig, recipe: str | None = None
+) -> list:
     """`vanilla-transformer train` (as `-m hf_vanilla_transformer train`) on the synthetic files for `max_steps`
-    updates, nothing but what reaches the first update."""
-    model = ["--recipe", "base"] if base else ["--preset", options.preset, "--vocab_size", str(options.vocab_size)]
+    updates, nothing but what reaches the first update; with `recipe`, that recipe's model and data settings."""
+    model = ["--recipe", recipe] if recipe else ["--preset", options.preset, "--vocab_size", str(options.vocab_size)]
+    held_out = ("--validation_files", str(files["validation"]), "--test_files", str(files["test"]))
     return [
         *("-m", "hf_vanilla_transformer", "train"),
         *model,
-        *("--data_files", str(files["train"]), "--validation_files", str(files["validation"])),
-        *("--test_files", str(files["test"]), "--data_cache_dir", str(cache), "--output_dir", str(output)),
+        *("--data_files", str(files["train"]), *(held_out if options.held_out_files else ())),
+        *("--data_cache_dir", str(cache), "--output_dir", str(output)),
         *("--max_steps", str(options.max_steps), "--save_steps", str(options.max_steps), "--eval_strategy", "no"),
         *("--test_beams", "1", "--use_cpu", "true", "--disable_tqdm", "true"),
         *("--average_last", "1", "--logging_steps", "1"),
@@ -184,11 +190,12 @@ def run_scale_benchmark(options: ScaleBenchmarkConfig) -> dict:
         files = synthesize_corpus(int(largest), work / "corpora", options.seed, options.held_out_pairs)
         cache = work / "cache-launch"
         shutil.rmtree(cache, ignore_errors=True)
-        print(f"{int(largest):,} pairs: 2-process launch of the base recipe", flush=True)
-        command = train_command(files, work / "out-launch", cache, options, base=True)
+        what = f"the {options.launch_recipe} recipe" if options.launch_recipe else options.preset
+        print(f"{int(largest):,} pairs: 2-process launch of {what}", flush=True)
+        command = train_command(files, work / "out-launch", cache, options, options.launch_recipe)
         results["launch"] = run_training(command, work / "out-launch", processes=2)
-        print(f"{int(largest):,} pairs: the base recipe in one process (the launch's data cache)", flush=True)
-        command = train_command(files, work / "out-launch", cache, options, base=True)
+        print(f"{int(largest):,} pairs: {what} in one process (the launch's data cache)", flush=True)
+        command = train_command(files, work / "out-launch", cache, options, options.launch_recipe)
         results["launch_alone"] = run_training(command, work / "out-launch")
     print(f"batches of {options.batch_pairs:,} pairs", flush=True)
     results["batches"] = time_batches(options.batch_pairs, corpus_lengths(work / f"cache-{largest}"), options.seed)
@@ -226,11 +233,12 @@ def scale_table(results: dict) -> str:
             (setup,) = runs[name]["processes"]
             lines.append(_row(f"{int(pairs):,}", name, setup))
     launch = results.get("launch", {}).get("processes", [])
+    recipe = results["options"].get("launch_recipe", "base") or results["options"]["preset"]
     for setup in launch:
-        lines.append(_row("largest", f"base, 2 processes, rank {setup['rank']}", setup))
+        lines.append(_row("largest", f"{recipe}, 2 processes, rank {setup['rank']}", setup))
     alone = results.get("launch_alone", {}).get("processes", [])
     for setup in alone:
-        lines.append(_row("largest", "base, 1 process (warm)", setup))
+        lines.append(_row("largest", f"{recipe}, 1 process (warm)", setup))
     measured = ("pss_bytes", "arrow_pss_bytes")  # Linux only (/proc)
     if launch and alone and all(key in s["stages"]["plan"] for s in (*launch, *alone) for key in measured):
         lines += ["", launch_memory(launch, alone[0])]

@@ -15,14 +15,24 @@ every `num_processes`-th batch.
 from __future__ import annotations
 
 import copy
+import errno
 import math
+import os
+import tempfile
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 from torch.utils.data import Sampler
 
+from ..utils.files import disk_full, is_disk_full
 
-KEY_CHUNK = 1 << 20  # lengths made into sort keys at a time
+
+KEY_CHUNK = 1 << 20  # lengths made into sort keys, pairs of an epoch's order sorted, at a time
+# A split of this many pairs or more keeps its arrays of a pair each (its length groups, 2 bytes a pair; an epoch's
+# order, 4) in file-backed maps of the scratch folder, where one is given: at 36M pairs they were 0.22 GB of every
+# process's own memory, growing with the corpus.
+SCRATCH_FROM = 1 << 22
 
 
 class LengthSortedSampler(Sampler[int]):
@@ -41,13 +51,21 @@ class LengthSortedSampler(Sampler[int]):
 
     @classmethod
     def of_chunks(
-        cls, sources: list[np.ndarray], targets: list[np.ndarray], seed: int = 0, shuffle: bool = True
+        cls,
+        sources: list[np.ndarray],
+        targets: list[np.ndarray],
+        seed: int = 0,
+        shuffle: bool = True,
+        scratch: str | Path | None = None,
     ) -> LengthSortedSampler:
         """The sampler of the lengths `np.concatenate(sources)`, `np.concatenate(targets)`, read chunk by chunk (the
-        length columns' record batches, memory-mapped): no copy of the lengths is made."""
+        length columns' record batches, memory-mapped): no copy of the lengths is made. With a `scratch` folder,
+        the arrays of a pair each (the groups, an epoch's order) of a split of `SCRATCH_FROM` pairs or more are
+        kept in file-backed maps there (`scratch_array`)."""
         if [len(chunk) for chunk in sources] != [len(chunk) for chunk in targets]:
             raise ValueError("The source and target length chunks differ in size.")
         sampler = cls.__new__(cls)
+        sampler.scratch = scratch
         sampler._group([_integers(chunk) for chunk in sources], [_integers(chunk) for chunk in targets], seed, shuffle)
         return sampler
 
@@ -55,9 +73,19 @@ class LengthSortedSampler(Sampler[int]):
         self.seed = seed
         self.shuffle = shuffle
         self.epoch = 0
+        self.scratch = getattr(self, "scratch", None)
         # Only the groups are kept (16 bits a pair where they fit): 72 MB at 36M pairs, where the lengths and a
         # sorted order in int64 held 0.87 GB in every process.
-        self.groups, self.group_sources, self.group_targets, self.group_sizes = length_groups(sources, targets)
+        self.groups, self.group_sources, self.group_targets, self.group_sizes = length_groups(
+            sources, targets, self.array
+        )
+
+    def array(self, length: int, dtype: type) -> np.ndarray:
+        """An array of `length` for a pair each: in a file-backed map of the scratch folder for a large split, else
+        in memory."""
+        if self.scratch is not None and length >= SCRATCH_FROM:
+            return scratch_array(length, dtype, self.scratch)
+        return np.empty(length, dtype=dtype)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -69,20 +97,54 @@ class LengthSortedSampler(Sampler[int]):
         return iter(self.order(self.rng()).tolist())
 
     def order(self, rng: np.random.Generator) -> np.ndarray:
-        """The epoch's order: a random permutation, then stably sorted by length group (ties keep its order)."""
+        """The epoch's order: a random permutation, then stably sorted by length group (ties keep its order).
+
+        The order is held for the whole epoch, 32 bits a pair where they suffice: the permutation is shuffled in
+        place (the same draws, and the same permutation, as `rng.permutation`, without its 64-bit copy), then
+        sorted by a stable counting sort over the group sizes a chunk at a time (what `np.argsort(..., kind=
+        "stable")` gives, without its 64-bit indices); both arrays are `array`s (file-backed for a large split)."""
+        count, index_type = len(self.groups), np.uint32 if len(self.groups) < 2**32 else np.int64
         if not self.shuffle:
             return np.argsort(self.groups, kind="stable")
-        # The order is held for the whole epoch: 32 bits a pair where they suffice, shuffled in place (the same
-        # draws, and the same permutation, as `rng.permutation`, without its 64-bit copy).
-        permutation = np.arange(len(self.groups), dtype=np.uint32 if len(self.groups) < 2**32 else np.int64)
-        rng.shuffle(permutation)
-        return permutation[np.argsort(self.groups[permutation], kind="stable")]
+        permutation = self.array(count, index_type)
+        for start in range(0, count, KEY_CHUNK):
+            permutation[start : start + KEY_CHUNK] = np.arange(start, min(count, start + KEY_CHUNK))
+        rng.shuffle(permutation.view(np.ndarray))  # (a memmap would take NumPy's element-by-element path)
+        order = self.array(count, index_type)
+        cursor = np.concatenate([[0], np.cumsum(self.group_sizes)[:-1]])  # where each group's next pair goes
+        for start in range(0, count, KEY_CHUNK):
+            chunk = np.asarray(permutation[start : start + KEY_CHUNK])
+            groups = self.groups[chunk]
+            by_group = np.argsort(groups, kind="stable")
+            ranked = groups[by_group]
+            within = np.arange(len(ranked)) - np.searchsorted(ranked, ranked, side="left")  # rank in its group
+            order[cursor[ranked] + within] = chunk[by_group]
+            cursor += np.bincount(groups, minlength=len(cursor))
+        return order
 
     def __len__(self) -> int:
         return len(self.groups)
 
 
-def length_groups(sources: list[np.ndarray], targets: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+def scratch_array(length: int, dtype: type, folder: str | Path) -> np.ndarray:
+    """A zeroed array of `length` in a file-backed shared map of an unlinked temporary file in `folder` (on a disk,
+    not a tmpfs: its pages are page cache the system writes back and takes back as it needs, not the process's own
+    memory; the file's space is freed when the array is)."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    size = length * np.dtype(dtype).itemsize
+    with tempfile.TemporaryFile(dir=folder) as handle:
+        try:  # the blocks taken now: a full disk is an error here, not a SIGBUS at a write through the map
+            os.posix_fallocate(handle.fileno(), 0, size)
+        except OSError as error:
+            if is_disk_full(error, Path(folder)):
+                raise disk_full(Path(folder), size, "the training pairs' length groups or epoch order") from error
+            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it: sparse, as before
+                raise
+            handle.truncate(size)
+        return np.memmap(handle, dtype=dtype, mode="r+", shape=(length,))
+
+
+def length_groups(sources: list[np.ndarray], targets: list[np.ndarray], allocate=np.empty) -> tuple[np.ndarray, ...]:
     """(each pair's length group, each group's source length, target length and size) for the pairs whose
     lengths are the chunks `sources` and `targets` end to end: a group is the rank of a pair's (source, target)
     lengths among the distinct ones in sorted order, in 16 bits where they fit (NumPy's stable sort of 16-bit
@@ -107,7 +169,7 @@ def length_groups(sources: list[np.ndarray], targets: list[np.ndarray]) -> tuple
         distinct = np.unique(np.concatenate([np.unique(chunk) for chunk in keys()]))
         rank_type = _group_type(len(distinct))
         grouped = (np.searchsorted(distinct, chunk).astype(rank_type) for chunk in keys())
-    groups = np.empty(sum(len(chunk) for chunk in sources), dtype=_group_type(len(distinct)))
+    groups = allocate(sum(len(chunk) for chunk in sources), _group_type(len(distinct)))
     sizes, start = np.zeros(len(distinct), dtype=np.int64), 0
     for chunk in grouped:
         groups[start : start + len(chunk)] = chunk
@@ -317,8 +379,8 @@ class BatchSamplers:
     bytes a pair), made from the chunks of the lengths (`data.pipeline.length_chunks`: the memory-mapped length
     columns, a record batch at a time; the lengths are never copied)."""
 
-    def __init__(self, chunks: tuple[list[np.ndarray], list[np.ndarray]], seed: int):
-        self.groups = LengthSortedSampler.of_chunks(*chunks, seed=seed)
+    def __init__(self, chunks: tuple[list[np.ndarray], list[np.ndarray]], seed: int, scratch: str | Path | None = None):
+        self.groups = LengthSortedSampler.of_chunks(*chunks, seed=seed, scratch=scratch)
         self.samplers: dict[int, TokenBudgetBatchSampler] = {}
 
     def of(self, max_tokens: int) -> TokenBudgetBatchSampler:

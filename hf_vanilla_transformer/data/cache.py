@@ -13,8 +13,9 @@ reads it instead of preparing it again. A job that prepares an entry holds its l
 that wants the same entry meanwhile waits for it, then reads it. Where the file system has no working locks (some
 shared storage), two jobs may each write their own temporary folder: the first to finish publishes it, the other
 keeps the first's. Each folder holds a manifest of its files'
-sizes and CRC-32s, checked whenever it is opened: a truncated file, a changed byte or a missing file is said in the
-log and the entry is built again, never read. Each corpus keeps its `KEEP_TOKENIZED` newest tokenizations; older ones are
+sizes and CRC-32s, checked whenever it is opened (a file's bytes read again whenever it was written, replaced or
+copied since its last check): a truncated file, a changed byte or a missing file is said in the log and the entry
+is built again, never read. Each corpus keeps its `KEEP_TOKENIZED` newest tokenizations; older ones are
 removed, so the cache does not grow with every vocabulary tried.
 """
 
@@ -32,11 +33,13 @@ import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
+import pyarrow as pa
 from datasets import Dataset
-from datasets.arrow_reader import ArrowReader
+from datasets.table import MemoryMappedTable
 
 from ..utils.files import disk_full, folder_bytes, is_disk_full
 from ..utils.locks import preparing
+from ..utils.machine import release_mapped_pages
 
 
 DEFAULT_CACHE = Path(os.environ.get("HF_VANILLA_TRANSFORMER_DATA", Path.home() / ".cache" / "hf_vanilla_transformer"))
@@ -46,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 KEEP_TOKENIZED = 2  # tokenizations kept per corpus
 MANIFEST = "manifest.json"  # each file's size and CRC-32, written last before the folder is published
+CHECKED = "checked.json"  # the signatures of the files as they were when last found intact (`damage`)
+RACY_NS = 2_000_000_000  # a file changed this little before a check is checked again next time (`damage`)
 HASH_CHUNK = 1 << 23  # bytes read at a time when hashing a file
 
 
@@ -58,17 +63,60 @@ def text_key(*parts) -> str:
     return hashlib.blake2b(json.dumps(parts, sort_keys=True, default=str).encode("utf-8"), digest_size=10).hexdigest()
 
 
-def files_key(paths: list[str | Path], *settings) -> str:
+def files_key(paths: list[str | Path], *settings, cache_dir: str | Path | None = None) -> str:
     """A key of the content of `paths` (every byte hashed) and of `settings`: the same files give the same key
-    wherever they lie; a changed byte gives another."""
+    wherever they lie; a changed byte gives another. Each file's hash is kept in the data cache (`KEYS`) with the
+    file's signature (`file_signature`): a file read again unchanged (a second run on a 9 GB corpus) is not hashed
+    again, one written since (a new time of change) is."""
+    return text_key([content_hash(Path(path), cache_dir) for path in paths], settings)
+
+
+KEYS = ".keys"  # the content hashes of the local files read, by their path (`files_key`)
+
+
+def content_hash(path: Path, cache_dir: str | Path | None = None) -> str:
+    """The blake2b hash of `path`'s size and bytes, from the data cache where the file is as it was then."""
+    memo = cache_root(cache_dir) / KEYS / f"{text_key(str(path.resolve()))}.json"
+    signature = file_signature(path)
+    known = _read_json(memo)
+    if known.get("signature") == signature and known.get("hash"):
+        return known["hash"]
+    began = time.time_ns()
     digest = hashlib.blake2b(digest_size=10)
-    for path in paths:
-        digest.update(str(os.path.getsize(path)).encode())
-        with open(path, "rb") as handle:
-            while chunk := handle.read(HASH_CHUNK):
-                digest.update(chunk)
-    digest.update(json.dumps(settings, default=str).encode())
+    digest.update(str(signature[0]).encode())
+    with open(path, "rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    if file_signature(path) == signature and signature[2] < began - RACY_NS:  # as `damage` records a check
+        _write_json(memo, {"path": str(path.resolve()), "signature": signature, "hash": digest.hexdigest()})
     return digest.hexdigest()
+
+
+def file_signature(path: Path) -> list[int]:
+    """What changes whenever a file's bytes are written (or the file is replaced, or copied elsewhere): its size,
+    times of modification and of change (which no program sets back), inode and device."""
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _write_json(path: Path, value: dict) -> None:
+    """Write a record of the cache's own (a hash, a check) whole or not at all; a cache folder that cannot be written
+    (read-only, full) only costs the work again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        temporary.write_text(json.dumps(value) + "\n", encoding="utf-8")
+        temporary.replace(path)
+    except OSError:
+        pass
 
 
 def dataset_key(dataset: Dataset) -> str | None:
@@ -92,16 +140,58 @@ def dataset_key(dataset: Dataset) -> str | None:
 def open_arrow(path: str | Path) -> Dataset:
     """An Arrow file of the cache, memory-mapped, as a Dataset fingerprinted by the file (its folder's name, its own,
     its size and time) rather than by its place: datasets' own fingerprint of a file hashes its absolute path, so a
-    cache copied or mounted elsewhere would key its tokenizers and tokenizations anew and prepare them again."""
+    cache copied or mounted elsewhere would key its tokenizers and tokenizations anew and prepare them again.
+
+    Opening reads every record batch's header through the map, and a kernel that holds the file in large folios
+    (2 MB: `FileHugePages` in /proc/meminfo) maps the whole folio around each (0.8 GB for the 720 headers of a 36M-
+    pair corpus): the headers' pages are unmapped every `HEADERS_MAPPED` batches and at the end
+    (`release_mapped_pages`), so opening a corpus holds a few tens of MB of it, not its headers' folios."""
     path = Path(path)
     stat = path.stat()
     return Dataset(
-        ArrowReader.read_table(str(path)),
+        MemoryMappedTable(read_arrow_table(path), str(path)),
         fingerprint=text_key(path.parent.name, path.name, stat.st_size, stat.st_mtime_ns),
     )
 
 
+HEADERS_MAPPED = 32  # record batches read between two unmappings of their headers' pages (`read_arrow_table`)
+
+
+def read_arrow_table(path: str | Path) -> pa.Table:
+    """The table of an Arrow stream file, memory-mapped (zero copy), the pages of its record batches' headers
+    unmapped every `HEADERS_MAPPED` batches as they are read (see `open_arrow`)."""
+    reader = pa.ipc.open_stream(pa.memory_map(str(path)))
+    batches = []
+    for batch in reader:
+        batches.append(batch)
+        if len(batches) % HEADERS_MAPPED == 0:
+            release_mapped_pages()
+    release_mapped_pages()
+    return pa.Table.from_batches(batches, schema=reader.schema)
+
+
+@contextmanager
+def headers_read_lightly():
+    """While the block runs, a memory-mapped split that `datasets` opens again (a Dataset unpickled in a worker of
+    `Dataset.map(num_proc=...)`, or in the BPE's child) reads its headers as `read_arrow_table` does: each worker
+    would otherwise map the large folios around every header (1.4 GB of a 36M-pair corpus in each) before its
+    first batch. Forked workers inherit it; where `datasets` has no such function, nothing changes."""
+    import datasets.table
+
+    name = "_memory_mapped_arrow_table_from_file"
+    original = getattr(datasets.table, name, None)
+    if original is None:
+        yield
+        return
+    setattr(datasets.table, name, lambda filename: read_arrow_table(filename))
+    try:
+        yield
+    finally:
+        setattr(datasets.table, name, original)
+
+
 LOCKS = ".locks"  # the entries' locks, beside the kinds of entry
+SCRATCH = ".scratch"  # unlinked files of a large split's file-backed arrays (`data.batching.scratch_array`)
 
 
 def entry_lock(folder: Path, cache_dir: str | Path | None = None):
@@ -130,7 +220,10 @@ def complete_folder(path: Path) -> Path | None:
 
 def damage(folder: Path) -> str | None:
     """What is wrong with the cached `folder` against its manifest, in words; None where nothing is. A folder
-    without a manifest is damaged too: copied in part, or written by a version before manifests."""
+    without a manifest is damaged too: copied in part, or written by a version before manifests. A file's CRC-32
+    is checked whenever its signature (`file_signature`) differs from the one recorded when it was last found
+    intact (`CHECKED`): a file written since, replaced, or copied elsewhere is read whole again; one unchanged since
+    its last check (a warm run on 13 GB of corpus and tokenization) is not."""
     manifest = folder / MANIFEST
     if not manifest.exists():
         return f"{manifest} is missing"
@@ -138,14 +231,24 @@ def damage(folder: Path) -> str | None:
         expected = json.loads(manifest.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         return f"{manifest} cannot be read: {error}"
+    checked, recorded = _read_json(folder / CHECKED), {}
+    began = time.time_ns()
     for name, (size, crc) in expected.items():
         path = folder / name
         if not path.is_file():
             return f"{path} is missing"
         if path.stat().st_size != size:
             return f"{path} holds {path.stat().st_size:,} bytes where {size:,} were written"
-        if file_crc(path) != crc:
-            return f"{path} does not hold the bytes that were written (its CRC-32 differs)"
+        signature = file_signature(path)
+        if checked.get(name) != signature:
+            if file_crc(path) != crc:
+                return f"{path} does not hold the bytes that were written (its CRC-32 differs)"
+            # Recorded only if not written while it was read, nor changed so lately that a write right after the
+            # check could leave the same times (a file system's clock ticks coarsely).
+            if file_signature(path) == signature and signature[2] < began - RACY_NS:
+                recorded[name] = signature
+    if recorded:
+        _write_json(folder / CHECKED, {**checked, **recorded})
     return None
 
 
@@ -158,10 +261,14 @@ def file_crc(path: Path) -> int:
 
 
 def write_manifest(folder: Path) -> None:
-    """Record every file of `folder` (its size and CRC-32), for `damage` to check against."""
-    files = sorted(path for path in folder.rglob("*") if path.is_file() and path.name != MANIFEST)
+    """Record every file of `folder` (its size and CRC-32), for `damage` to check against, and their signatures as
+    checked (they were just read whole, in a folder no other process writes)."""
+    files = sorted(path for path in folder.rglob("*") if path.is_file() and path.name not in (MANIFEST, CHECKED))
+    signatures = {str(path.relative_to(folder)): file_signature(path) for path in files}
     entries = {str(path.relative_to(folder)): [path.stat().st_size, file_crc(path)] for path in files}
     (folder / MANIFEST).write_text(json.dumps(entries, indent=0) + "\n", encoding="utf-8")
+    now = {name: file_signature(folder / name) for name in signatures}
+    _write_json(folder / CHECKED, {name: value for name, value in signatures.items() if now[name] == value})
 
 
 def publish_folder(temporary: Path, path: Path) -> Path:

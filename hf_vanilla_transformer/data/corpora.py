@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 from datasets import Dataset, DatasetDict, Features, Value
 from datasets.arrow_writer import ArrowWriter
 
 from ..utils.faults import moment
+from ..utils.machine import release_mapped_pages
 from .cache import building, cache_root, complete_folder, entry_lock, files_key, open_arrow
 from .libreoffice import libreoffice_help_corpus, libreoffice_ui_corpus
 from .splits import SPLITS, CorpusError, DataFileError
@@ -228,15 +231,20 @@ def parallel_files_corpus(
     source_lang: str = "en",
     target_lang: str = "de",
     cache_dir: str | Path | None = None,
+    carve: bool = False,
 ) -> DatasetDict:
     """A corpus from local files, read into memory-mapped Arrow once and cached under a key of their content (a
     second call, or another process, reads the cache). `train` may be `src.txt,tgt.txt` for two aligned files; so
-    may the others."""
+    may the others. With `carve` (training), the validation and test splits not given are carved out of the
+    training file as it is cached (`hold_out_files`); without, the training split is every pair of its file."""
     specs = {name: _file_spec(spec) for name, spec in (("train", train), ("validation", validation), ("test", test))}
     specs = {name: spec for name, spec in specs.items() if spec}
     paths = [_check_file(path) for spec in specs.values() for path in spec]
     names = {name: [str(p) for p in spec] for name, spec in specs.items()}
-    key = files_key(paths, names, source_lang, target_lang, LAYOUT)
+    missing = [split for split in SPLITS if split not in specs] if carve and "train" in specs else []
+    held_out = (HELD_OUT_PAIRS, HELD_OUT_FRACTION, HELD_OUT_SEED) if missing else None
+    settings = (names, source_lang, target_lang, LAYOUT, *([held_out] if held_out else []))
+    key = files_key(paths, *settings, cache_dir=cache_dir)
     folder = cache_root(cache_dir) / "corpora" / key
     with entry_lock(folder, cache_dir):
         if complete_folder(folder) is None:
@@ -250,8 +258,11 @@ def parallel_files_corpus(
                         raise CorpusError(f"{spec[0]} holds no sentence pair ({_described(counts) or 'it is empty'}).")
                     skipped[name] = {"file": spec[0], "lines": dict(counts)}
                     moment("corpus", temporary)
+                if missing:
+                    hold_out_files(temporary, missing)
                 (temporary / SKIPPED_FILE).write_text(json.dumps(skipped, indent=1) + "\n", encoding="utf-8")
-    corpus = DatasetDict({name: open_arrow(folder / f"{name}.arrow") for name in specs})
+    splits = [name for name in SPLITS if (folder / f"{name}.arrow").exists()]
+    corpus = DatasetDict({name: open_arrow(folder / f"{name}.arrow") for name in splits})
     corpus.skipped_lines = _skipped_lines(folder)
     return corpus
 
@@ -282,30 +293,63 @@ def _file_spec(spec: str | None) -> list[str] | None:
 def hold_out(corpus: DatasetDict, pairs: int = HELD_OUT_PAIRS, fraction: float = HELD_OUT_FRACTION) -> DatasetDict:
     """`corpus` with the validation and test splits it lacks carved out of its training split: `pairs` pairs each
     (at most `fraction` of the split, at least 1), drawn with the fixed seed `HELD_OUT_SEED`, and removed from
-    training. A corpus that has both splits comes back as it is."""
+    training. A corpus that has both splits comes back as it is. (Local files are carved as they are read into the
+    cache, `hold_out_files`: the training split stays a file, without an index of its rows in every process.)"""
     missing = [split for split in ("validation", "test") if split not in corpus]
     if not missing:
         return corpus
     train = corpus["train"]
-    size = min(pairs, max(1, int(len(train) * fraction)))
-    if len(train) < 2 * size * len(missing):  # training keeps at least as many pairs as are held out
+    chosen = held_out_rows(len(train), missing, pairs, fraction)
+    carved = dict(corpus)
+    for split, rows in zip(missing, chosen, strict=True):
+        carved[split] = train.select(rows, keep_in_memory=True)
+    carved["train"] = train.select(np.setdiff1d(np.arange(len(train)), np.concatenate(chosen)), keep_in_memory=True)
+    return DatasetDict({split: carved[split] for split in SPLITS})
+
+
+def held_out_rows(rows: int, missing: list[str], pairs: int = HELD_OUT_PAIRS, fraction: float = HELD_OUT_FRACTION):
+    """The rows of a training split of `rows` pairs held out for each split of `missing` (sorted), as `hold_out`
+    draws them; said in the log."""
+    size = min(pairs, max(1, int(rows * fraction)))
+    if rows < 2 * size * len(missing):  # training keeps at least as many pairs as are held out
         raise CorpusError(
-            f"The training file has {len(train)} pairs: too few to hold out {' and '.join(missing)} pairs and still "
+            f"The training file has {rows} pairs: too few to hold out {' and '.join(missing)} pairs and still "
             "train; give --validation_files and --test_files."
         )
-    chosen = np.random.default_rng(HELD_OUT_SEED).choice(len(train), size * len(missing), replace=False)
-    carved = dict(corpus)
-    for index, split in enumerate(missing):
-        carved[split] = train.select(np.sort(chosen[index * size : (index + 1) * size]), keep_in_memory=True)
-    carved["train"] = train.select(np.setdiff1d(np.arange(len(train)), chosen), keep_in_memory=True)
+    chosen = np.random.default_rng(HELD_OUT_SEED).choice(rows, size * len(missing), replace=False)
     logger.info(
         "no %s pairs given: %s held out of the %d training pairs (seed %d)",
         " or ".join(missing),
         " and ".join(f"{size:,} for {split}" for split in missing),
-        len(train),
+        rows,
         HELD_OUT_SEED,
     )
-    return DatasetDict({split: carved[split] for split in SPLITS})
+    return [np.sort(chosen[index * size : (index + 1) * size]) for index in range(len(missing))]
+
+
+def hold_out_files(folder: Path, missing: list[str]) -> None:
+    """Carve the `missing` held-out splits out of `folder/train.arrow` as `hold_out` would, into Arrow files beside
+    it, and write the training split again without them, a record batch at a time (the corpus pages read are
+    unmapped as it goes: `release_mapped_pages`). A file too small to carve is left whole (`hold_out` says why)."""
+    train = open_arrow(folder / "train.arrow")
+    if len(train) < 2 * len(missing) * min(HELD_OUT_PAIRS, max(1, int(len(train) * HELD_OUT_FRACTION))):
+        return
+    chosen = held_out_rows(len(train), missing)
+    for split, rows in zip(missing, chosen, strict=True):
+        held = train[rows]
+        write_pairs(zip(held["source"], held["target"], strict=True), folder / f"{split}.arrow")
+        release_mapped_pages()
+    dropped = np.concatenate(chosen)
+    writer = ArrowWriter(features=PAIR_FEATURES, path=str(folder / "train-kept.arrow"), writer_batch_size=WRITE_BATCH)
+    start = 0
+    for batch in train.data.to_batches():
+        rows = dropped[(dropped >= start) & (dropped < start + batch.num_rows)] - start
+        writer.write_table(pa.Table.from_batches([batch]).filter(~np.isin(np.arange(batch.num_rows), rows)))
+        start += batch.num_rows
+        release_mapped_pages()
+    writer.finalize()
+    del train
+    os.replace(folder / "train-kept.arrow", folder / "train.arrow")
 
 
 def wmt_to_pairs(dataset: Dataset, source_lang: str, target_lang: str) -> Dataset:
@@ -367,9 +411,11 @@ def load_corpus(
     test_files: str | None = None,
     cache_dir: str | Path | None = None,
     wmt14_dir: str | Path | None = None,
+    carve: bool = False,
 ) -> DatasetDict:
     """One entry point for every source: `libreoffice-help` (default), `libreoffice-ui`, `wmt14` (from the Hub, or
-    from `wmt14_dir`), or local files."""
+    from `wmt14_dir`), or local files (with `carve`, the held-out splits not given carved out of the training file
+    as it is cached: see `parallel_files_corpus`)."""
     if data_files:
         return parallel_files_corpus(
             data_files,
@@ -378,6 +424,7 @@ def load_corpus(
             source_lang=source_lang,
             target_lang=target_lang,
             cache_dir=cache_dir,
+            carve=carve,
         )
     if dataset == "libreoffice-help":
         return libreoffice_help_corpus(source_lang, target_lang, cache_dir)

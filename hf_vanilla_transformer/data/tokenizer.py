@@ -7,8 +7,12 @@ Special tokens follow fairseq's layout, which the model config expects: `<s>`=0 
 
 from __future__ import annotations
 
+import gc
+import json
+import re
 import shutil
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict
@@ -82,3 +86,79 @@ def copy_tokenizer_files(source: str | Path, target: str | Path) -> list[Path]:
     """Copy the tokenizer files (`TOKENIZER_FILES`) that `source` holds into `target`; returns the copies."""
     source, target = Path(source), Path(target)
     return [Path(shutil.copy2(source / name, target / name)) for name in TOKENIZER_FILES if (source / name).exists()]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Encoding millions of sentences: each distinct word is encoded once
+# ---------------------------------------------------------------------------------------------------------------------
+
+# A byte-level BPE's pre-tokenizer (GPT-2's pattern) never joins a non-space character to the whitespace after it:
+# every match is a whitespace run, or starts with at most one space followed by no whitespace. So a sentence split
+# before each whitespace that follows a non-space is split where the pre-tokenizer splits it, and its ids are the
+# chunks' ids end to end. The split is taken only where both sides are beyond doubt: after a character Python calls
+# no space (Python's spaces include every Unicode space the BPE's pattern knows) and before an ASCII space, tab or
+# line end (spaces to both).
+CHUNK_BOUNDARY = re.compile(r"(?<=\S)(?=[ \t\n\r])")
+CHUNK_CACHE_SIZE = 1 << 18  # chunks whose ids a `ChunkCachedEncoder` keeps (emptied when full)
+
+
+class ChunkCachedEncoder:
+    """The ids `tokenizer` gives each sentence (its specials included, as `tokenizer(sentences)` gives them), with
+    each distinct whitespace-delimited chunk of text encoded once and its ids reused: a corpus repeats its words,
+    and the BPE's pattern-matching pre-tokenizer is most of the cost of encoding (the ids are the same, see
+    `CHUNK_BOUNDARY`; tests/test_tokenization.py checks them against the tokenizer's own). Tokenizers this does not
+    hold for (a normalizer, another pre-tokenizer, a prefix space, truncation or padding) are used as they are."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast):
+        self.backend = tokenizer.backend_tokenizer
+        self.tokens = len(tokenizer)
+        self.cache: dict[str, list[int]] = {}
+        self.exact = chunks_encode_exactly(self.backend)
+        plain, special = (self.backend.encode("a", add_special_tokens=flag).ids for flag in (False, True))
+        at = next((i for i in range(len(special) - len(plain) + 1) if special[i : i + len(plain)] == plain), None)
+        self.exact = self.exact and at is not None
+        self.prefix, self.suffix = (special[:at], special[at + len(plain) :]) if at is not None else ([], [])
+        self._encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+
+    def __call__(self, sentences: list[str]) -> list[list[int]]:
+        if not self.exact:
+            return [encoding.ids for encoding in self._encode(sentences)]
+        collecting = gc.isenabled()
+        gc.disable()  # millions of short lists and no cycle among them: the collector's passes cost a tenth
+        try:
+            return self._chunked(sentences)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _chunked(self, sentences: list[str]) -> list[list[int]]:
+        pieces = [CHUNK_BOUNDARY.split(sentence) for sentence in sentences]
+        new = {chunk for chunks in pieces for chunk in chunks if chunk not in self.cache}
+        if len(self.cache) + len(new) > CHUNK_CACHE_SIZE:
+            self.cache.clear()
+            new = {chunk for chunks in pieces for chunk in chunks}
+        if new:
+            new = list(new)
+            self.cache.update(zip(new, (e.ids for e in self._encode(new, add_special_tokens=False)), strict=True))
+        lookup, prefix, suffix = self.cache.__getitem__, self.prefix, self.suffix
+        return [[*prefix, *chain.from_iterable(map(lookup, chunks)), *suffix] for chunks in pieces]
+
+
+def chunks_encode_exactly(backend: Tokenizer) -> bool:
+    """Whether `backend` encodes a text as its whitespace-delimited chunks end to end (`CHUNK_BOUNDARY`): a byte-level
+    BPE without a prefix space, with its pattern, no normalizer, no truncation or padding, and added tokens without
+    whitespace or stripping."""
+    state = json.loads(backend.to_str())
+    pre = state.get("pre_tokenizer") or {}
+    added = state.get("added_tokens") or []
+    return (
+        state.get("normalizer") is None
+        and pre.get("type") == "ByteLevel"
+        and pre.get("use_regex", True)
+        and not pre.get("add_prefix_space", False)
+        and (state.get("model") or {}).get("type") == "BPE"
+        and (state.get("model") or {}).get("dropout") is None
+        and backend.truncation is None
+        and backend.padding is None
+        and all(not re.search(r"\s", t["content"]) and not t.get("lstrip") and not t.get("rstrip") for t in added)
+    )

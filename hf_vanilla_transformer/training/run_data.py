@@ -15,11 +15,13 @@ from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from ..data.batching import BatchSamplers
+from ..data.cache import SCRATCH, cache_root
 from ..data.corpora import hold_out, load_corpus
 from ..data.pipeline import learn_tokenizer, length_chunks, tokenize_corpus, tokenized_folder, tokenizer_to_text
 from ..data.splits import CorpusError
 from ..data.tokenizer import wrap_tokenizer
 from ..utils.distributed import main_process_value, result_or_error
+from ..utils.machine import release_mapped_pages
 from ..utils.stages import SetupClock
 from .arguments import ModelDataArguments, TransformerTrainingArguments
 from .choices import budgeted
@@ -64,8 +66,12 @@ def prepare_data(
             )
         facts["pairs"] = len(encoded["train"])
     with clock.stage("lengths and batches") as facts:
-        batches = BatchSamplers(length_chunks(encoded["train"]), args.seed)
+        scratch = cache_root(recipe.data_cache_dir) / SCRATCH
+        batches = BatchSamplers(length_chunks(encoded["train"]), args.seed, scratch)
         facts["batches"] = len(batches.of(recipe.max_tokens))
+        # What the set-up read of the corpus and its tokenization (file headers, length columns) is unmapped: the
+        # first update maps the pages of its own rows only.
+        release_mapped_pages()
     check_budget_left(recipe, args, clock)
     held_out = DatasetDict({name: split for name, split in corpus.items() if name != "train"})
     return PreparedData(held_out, tokenizer, encoded["train"], _validation_split(recipe, encoded), batches, clock)
@@ -125,6 +131,7 @@ def _load_corpus(recipe: ModelDataArguments, args: TransformerTrainingArguments)
                 recipe.test_files,
                 recipe.data_cache_dir,
                 recipe.wmt14_dir,
+                carve=True,  # a lone training file's held-out pairs carved as it is cached
             )
         except (ValueError, UnicodeDecodeError) as error:  # a bad file or language: one line naming it
             raise CorpusError(str(error)) from error

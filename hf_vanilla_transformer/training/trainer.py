@@ -26,6 +26,7 @@ from ..data.batching import TokenBudgetBatchSampler
 from ..model.inputs_vanilla_transformer import without_host_reads
 from ..utils.faults import moment
 from ..utils.files import disk_full, folder_bytes, is_disk_full
+from ..utils.machine import release_mapped_pages
 from .checkpoints import checkpoint_folders, mark_complete
 from .collapse import source_dependence
 from .device import tf32_matmuls
@@ -131,7 +132,7 @@ class TransformerTrainer(Seq2SeqTrainer):
         loader = DataLoader(
             dataset,
             batch_sampler=self.batch_sampler,
-            collate_fn=self.data_collator,
+            collate_fn=PageReleasingCollator(self.data_collator),
             num_workers=workers,
             pin_memory=self.args.dataloader_pin_memory and self.args.device.type == "cuda",
             persistent_workers=self.args.dataloader_persistent_workers and workers > 0,
@@ -227,6 +228,21 @@ class TransformerTrainer(Seq2SeqTrainer):
             self.lr_scheduler = noam_schedule(optimizer, int(self.args.warmup_steps))
             self._created_lr_scheduler = True
         return self.lr_scheduler
+
+
+class PageReleasingCollator:
+    """The training batches' collator, which first unmaps from the process that reads the batches (the main one, or
+    a data-loading worker) the pages of the memory-mapped training split it has read (`release_mapped_pages`):
+    each row read maps a large folio of the file around it, so over a run the process would map the whole split
+    (4.5 GB at 36M pairs) in its resident memory; so it maps the rows of the batch it reads. The pages stay in the
+    page cache: the rows read the same. About a millisecond a batch."""
+
+    def __init__(self, collate):
+        self.collate = collate
+
+    def __call__(self, features):
+        release_mapped_pages()
+        return self.collate(features)
 
 
 def _checkpoint_bytes(output_dir: Path) -> int | None:
