@@ -65,15 +65,17 @@ class LengthSortedSampler(Sampler[int]):
         if [len(chunk) for chunk in sources] != [len(chunk) for chunk in targets]:
             raise ValueError("The source and target length chunks differ in size.")
         sampler = cls.__new__(cls)
-        sampler.scratch = scratch
-        sampler._group([_integers(chunk) for chunk in sources], [_integers(chunk) for chunk in targets], seed, shuffle)
+        sources, targets = [_integers(chunk) for chunk in sources], [_integers(chunk) for chunk in targets]
+        sampler._group(sources, targets, seed, shuffle, scratch)
         return sampler
 
-    def _group(self, sources: list[np.ndarray], targets: list[np.ndarray], seed: int, shuffle: bool) -> None:
+    def _group(
+        self, sources: list[np.ndarray], targets: list[np.ndarray], seed: int, shuffle: bool, scratch=None
+    ) -> None:
         self.seed = seed
         self.shuffle = shuffle
         self.epoch = 0
-        self.scratch = getattr(self, "scratch", None)
+        self.scratch = scratch
         # Only the groups are kept (16 bits a pair where they fit): 72 MB at 36M pairs, where the lengths and a
         # sorted order in int64 held 0.87 GB in every process.
         self.groups, self.group_sources, self.group_targets, self.group_sizes = length_groups(
@@ -103,9 +105,9 @@ class LengthSortedSampler(Sampler[int]):
         place (the same draws, and the same permutation, as `rng.permutation`, without its 64-bit copy), then
         sorted by a stable counting sort over the group sizes a chunk at a time (what `np.argsort(..., kind=
         "stable")` gives, without its 64-bit indices); both arrays are `array`s (file-backed for a large split)."""
-        count, index_type = len(self.groups), np.uint32 if len(self.groups) < 2**32 else np.int64
         if not self.shuffle:
             return np.argsort(self.groups, kind="stable")
+        count, index_type = len(self.groups), np.uint32 if len(self.groups) < 2**32 else np.int64
         permutation = self.array(count, index_type)
         for start in range(0, count, KEY_CHUNK):
             permutation[start : start + KEY_CHUNK] = np.arange(start, min(count, start + KEY_CHUNK))

@@ -76,7 +76,8 @@ KEYS = ".keys"  # the content hashes of the local files read, by their path (`fi
 
 def content_hash(path: Path, cache_dir: str | Path | None = None) -> str:
     """The blake2b hash of `path`'s size and bytes, from the data cache where the file is as it was then."""
-    memo = cache_root(cache_dir) / KEYS / f"{text_key(str(path.resolve()))}.json"
+    where = str(path.resolve())
+    memo = cache_root(cache_dir) / KEYS / f"{text_key(where)}.json"
     signature = file_signature(path)
     known = _read_json(memo)
     if known.get("signature") == signature and known.get("hash"):
@@ -87,8 +88,8 @@ def content_hash(path: Path, cache_dir: str | Path | None = None) -> str:
     with open(path, "rb") as handle:
         while chunk := handle.read(HASH_CHUNK):
             digest.update(chunk)
-    if file_signature(path) == signature and signature[2] < began - RACY_NS:  # as `damage` records a check
-        _write_json(memo, {"path": str(path.resolve()), "signature": signature, "hash": digest.hexdigest()})
+    if settled(path, signature, began):
+        _write_json(memo, {"path": where, "signature": signature, "hash": digest.hexdigest()})
     return digest.hexdigest()
 
 
@@ -97,6 +98,13 @@ def file_signature(path: Path) -> list[int]:
     times of modification and of change (which no program sets back), inode and device."""
     stat = path.stat()
     return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev]
+
+
+def settled(path: Path, signature: list[int], began: int) -> bool:
+    """Whether what was read of `path` since `began` (time.time_ns()) may be recorded under `signature`: the file was
+    not written while it was read, nor changed so lately before that a write right after could leave the same times
+    (a file system's clock ticks coarsely)."""
+    return file_signature(path) == signature and signature[2] < began - RACY_NS
 
 
 def _read_json(path: Path) -> dict:
@@ -183,7 +191,7 @@ def headers_read_lightly():
     if original is None:
         yield
         return
-    setattr(datasets.table, name, lambda filename: read_arrow_table(filename))
+    setattr(datasets.table, name, read_arrow_table)
     try:
         yield
     finally:
@@ -243,9 +251,7 @@ def damage(folder: Path) -> str | None:
         if checked.get(name) != signature:
             if file_crc(path) != crc:
                 return f"{path} does not hold the bytes that were written (its CRC-32 differs)"
-            # Recorded only if not written while it was read, nor changed so lately that a write right after the
-            # check could leave the same times (a file system's clock ticks coarsely).
-            if file_signature(path) == signature and signature[2] < began - RACY_NS:
+            if settled(path, signature, began):
                 recorded[name] = signature
     if recorded:
         _write_json(folder / CHECKED, {**checked, **recorded})
@@ -265,10 +271,12 @@ def write_manifest(folder: Path) -> None:
     checked (they were just read whole, in a folder no other process writes)."""
     files = sorted(path for path in folder.rglob("*") if path.is_file() and path.name not in (MANIFEST, CHECKED))
     signatures = {str(path.relative_to(folder)): file_signature(path) for path in files}
-    entries = {str(path.relative_to(folder)): [path.stat().st_size, file_crc(path)] for path in files}
+    entries = {name: [signature[0], file_crc(folder / name)] for name, signature in signatures.items()}
     (folder / MANIFEST).write_text(json.dumps(entries, indent=0) + "\n", encoding="utf-8")
-    now = {name: file_signature(folder / name) for name in signatures}
-    _write_json(folder / CHECKED, {name: value for name, value in signatures.items() if now[name] == value})
+    unchanged = {
+        name: signature for name, signature in signatures.items() if file_signature(folder / name) == signature
+    }
+    _write_json(folder / CHECKED, unchanged)
 
 
 def publish_folder(temporary: Path, path: Path) -> Path:

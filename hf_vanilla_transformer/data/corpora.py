@@ -242,9 +242,8 @@ def parallel_files_corpus(
     paths = [_check_file(path) for spec in specs.values() for path in spec]
     names = {name: [str(p) for p in spec] for name, spec in specs.items()}
     missing = [split for split in SPLITS if split not in specs] if carve and "train" in specs else []
-    held_out = (HELD_OUT_PAIRS, HELD_OUT_FRACTION, HELD_OUT_SEED) if missing else None
-    settings = (names, source_lang, target_lang, LAYOUT, *([held_out] if held_out else []))
-    key = files_key(paths, *settings, cache_dir=cache_dir)
+    held_out = [(HELD_OUT_PAIRS, HELD_OUT_FRACTION, HELD_OUT_SEED)] if missing else []
+    key = files_key(paths, names, source_lang, target_lang, LAYOUT, *held_out, cache_dir=cache_dir)
     folder = cache_root(cache_dir) / "corpora" / key
     with entry_lock(folder, cache_dir):
         if complete_folder(folder) is None:
@@ -307,11 +306,18 @@ def hold_out(corpus: DatasetDict, pairs: int = HELD_OUT_PAIRS, fraction: float =
     return DatasetDict({split: carved[split] for split in SPLITS})
 
 
+def held_out_size(rows: int, splits: int, pairs: int = HELD_OUT_PAIRS, fraction: float = HELD_OUT_FRACTION):
+    """The pairs held out for each of `splits` splits of a training split of `rows` pairs (`pairs`, at most `fraction`
+    of it, at least 1), or None where that would leave training fewer pairs than are held out."""
+    size = min(pairs, max(1, int(rows * fraction)))
+    return size if rows >= 2 * size * splits else None
+
+
 def held_out_rows(rows: int, missing: list[str], pairs: int = HELD_OUT_PAIRS, fraction: float = HELD_OUT_FRACTION):
     """The rows of a training split of `rows` pairs held out for each split of `missing` (sorted), as `hold_out`
     draws them; said in the log."""
-    size = min(pairs, max(1, int(rows * fraction)))
-    if rows < 2 * size * len(missing):  # training keeps at least as many pairs as are held out
+    size = held_out_size(rows, len(missing), pairs, fraction)
+    if size is None:
         raise CorpusError(
             f"The training file has {rows} pairs: too few to hold out {' and '.join(missing)} pairs and still "
             "train; give --validation_files and --test_files."
@@ -332,7 +338,7 @@ def hold_out_files(folder: Path, missing: list[str]) -> None:
     it, and write the training split again without them, a record batch at a time (the corpus pages read are
     unmapped as it goes: `release_mapped_pages`). A file too small to carve is left whole (`hold_out` says why)."""
     train = open_arrow(folder / "train.arrow")
-    if len(train) < 2 * len(missing) * min(HELD_OUT_PAIRS, max(1, int(len(train) * HELD_OUT_FRACTION))):
+    if held_out_size(len(train), len(missing)) is None:
         return
     chosen = held_out_rows(len(train), missing)
     for split, rows in zip(missing, chosen, strict=True):
@@ -344,7 +350,7 @@ def hold_out_files(folder: Path, missing: list[str]) -> None:
     start = 0
     for batch in train.data.to_batches():
         rows = dropped[(dropped >= start) & (dropped < start + batch.num_rows)] - start
-        writer.write_table(pa.Table.from_batches([batch]).filter(~np.isin(np.arange(batch.num_rows), rows)))
+        writer.write_table(pa.Table.from_batches([batch.filter(~np.isin(np.arange(batch.num_rows), rows))]))
         start += batch.num_rows
         release_mapped_pages()
     writer.finalize()

@@ -113,10 +113,9 @@ class ChunkCachedEncoder:
         self.backend = tokenizer.backend_tokenizer
         self.tokens = len(tokenizer)
         self.cache: dict[str, list[int]] = {}
-        self.exact = chunks_encode_exactly(self.backend)
         plain, special = (self.backend.encode("a", add_special_tokens=flag).ids for flag in (False, True))
         at = next((i for i in range(len(special) - len(plain) + 1) if special[i : i + len(plain)] == plain), None)
-        self.exact = self.exact and at is not None
+        self.exact = at is not None and chunks_encode_exactly(self.backend)  # (specials around the text only)
         self.prefix, self.suffix = (special[:at], special[at + len(plain) :]) if at is not None else ([], [])
         self._encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
 

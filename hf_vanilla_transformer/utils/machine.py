@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import platform
 import resource
@@ -139,17 +140,23 @@ def release_mapped_pages(suffix: str = ".arrow") -> int:
     the pages it read since the last call, not every page it ever read. Writable mappings are left alone (dropping
     their pages could lose data)."""
     try:
-        with open("/proc/self/maps") as lines:
-            ranges = [_read_only_file_range(line.split(), suffix) for line in lines]
-        libc = ctypes.CDLL(None, use_errno=True)
+        with open("/proc/self/maps") as lines:  # (called for every training batch: only the files' lines are split)
+            ranges = [_read_only_file_range(line.split(), suffix) for line in lines if line.rstrip().endswith(suffix)]
+        madvise = _madvise()
     except OSError:
         return 0
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     released = 0
     for start, end in filter(None, ranges):
-        if libc.madvise(start, end - start, MADV_DONTNEED) == 0:
+        if madvise(start, end - start, MADV_DONTNEED) == 0:
             released += end - start
     return released
+
+
+@functools.cache
+def _madvise():
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return madvise
 
 
 def _read_only_file_range(words: list[str], suffix: str) -> tuple[int, int] | None:
