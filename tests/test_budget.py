@@ -270,11 +270,11 @@ def test_a_smaller_preset_is_trained_where_the_recipes_does_not_reach_its_update
 def test_the_cpu_recipe_file_reads_as_flags_that_the_command_line_overrides(tmp_path):
     recipe, args = parse_arguments(["--output_dir", str(tmp_path)], default_recipe="cpu")
     check_schedule_arguments(args)
-    assert (recipe.preset, recipe.vocab_size, recipe.max_tokens, recipe.dropout) == ("small", 8000, 2048, 0.0)
+    assert (recipe.preset, recipe.vocab_size, recipe.max_tokens, recipe.dropout) == ("small", 8000, 1024, 0.0)
     assert (recipe.max_minutes, recipe.precision, recipe.attn_implementation) == (26, "auto", "auto")
     assert (recipe.checkpoints_per_run, recipe.evaluations_per_run, recipe.average_last) == (12, 6, 5)
     assert (args.warmup_steps, recipe.max_warmup_fraction, recipe.peak_learning_rate) == (1000, 0.35, 0.0019764)
-    assert (recipe.max_tokens_choices, recipe.min_updates) == ("2048,1024", 3000)
+    assert (recipe.max_tokens_choices, recipe.min_updates) == (None, 3000)
     assert (recipe.preset_choices, recipe.length_penalty_choices) == ("small,compact", "0.6,1.0,1.5")
     assert args.max_steps == -1 and args.use_cpu and recipe.recipe == "cpu"
     recipe, args = parse_arguments(
@@ -341,9 +341,8 @@ def test_a_one_minute_budget_stops_on_its_own_and_leaves_a_complete_folder(tmp_p
     first = plan["replans"][0]["was"] if plan["replans"] else plan["max_steps"]
     assert plan["warmup_steps"] == max(1, min(1000, round(0.35 * first)))
     assert plan["measured_seconds_per_update"] > 0 and plan["replans"][0]["after"] == "its first updates"
-    # What the user asked for beside what the plan chose: the recipe's 2,048 tokens and choices, the plan's pick.
-    assert plan["max_tokens"] in (2048, 1024) and results["recipe"]["max_tokens"] == 2048
-    assert results["recipe"]["max_tokens_choices"] == "2048,1024" and results["recipe"]["precision"] == "auto"
+    # What the user asked for beside what the plan chose: the recipe's 1,024 tokens and its choices, the plan's picks.
+    assert plan["max_tokens"] == results["recipe"]["max_tokens"] == 1024 and results["recipe"]["precision"] == "auto"
     assert "Plan: " in result.stdout and "updates fit" in result.stdout
     # Averaged: only checkpoints from the last third of the run.
     steps = [int(name.split("-")[1]) for name in results["averaged_checkpoints"]]
