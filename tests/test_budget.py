@@ -341,7 +341,7 @@ def test_a_one_minute_budget_stops_on_its_own_and_leaves_a_complete_folder(tmp_p
     first = plan["replans"][0]["was"] if plan["replans"] else plan["max_steps"]
     assert plan["warmup_steps"] == max(1, min(1000, round(0.35 * first)))
     assert plan["measured_seconds_per_update"] > 0 and plan["replans"][0]["after"] == "its first updates"
-    # What the user asked for beside what the plan chose: the recipe's 1,024 tokens and its choices, the plan's picks.
+    # What the user asked for beside what the plan chose: the recipe's 1,024 tokens, the plan's pick.
     assert plan["max_tokens"] == results["recipe"]["max_tokens"] == 1024 and results["recipe"]["precision"] == "auto"
     assert "Plan: " in result.stdout and "updates fit" in result.stdout
     # Averaged: only checkpoints from the last third of the run.

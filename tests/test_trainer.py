@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
@@ -18,7 +19,13 @@ def test_seq2seq_trainer_runs_and_the_loss_falls(tmp_path):
     assert losses[-1] < losses[0] - 0.2, losses
 
 
-def test_the_gradient_norm_is_computed_for_the_logged_updates_only_and_equals_the_trainers(tmp_path):
+@pytest.mark.parametrize(
+    ("strategy", "norms_at", "logged"),
+    [("steps", [1, 3, 6], [1, 3, 6]), ("epoch", [1, 2, 3, 4, 5, 6, 7], [1, 2, 4, 6, 7])],
+)
+def test_the_gradient_norm_is_computed_for_the_logged_updates_only_and_equals_the_trainers(
+    tmp_path, strategy, norms_at, logged
+):
     """Without clipping, `TransformerTrainer` computes the gradient norm only for an update it logs: the logged norms,
     the losses and the trained weights equal those of the same Trainer with transformers' own rule, which computes it
     at every update."""
@@ -38,6 +45,7 @@ def test_the_gradient_norm_is_computed_for_the_logged_updates_only_and_equals_th
             warmup_steps=4,
             max_grad_norm=0.0,
             max_steps=7,
+            logging_strategy=strategy,
             logging_steps=3,
             logging_first_step=True,
             save_strategy="no",
@@ -63,8 +71,8 @@ def test_the_gradient_norm_is_computed_for_the_logged_updates_only_and_equals_th
         logs = [entry for entry in trainer.state.log_history if "loss" in entry]
         results[name] = (logs, computed, {k: v.clone() for k, v in model.state_dict().items()})
     (ours, ours_computed, ours_weights), (theirs, theirs_computed, theirs_weights) = results.values()
-    assert theirs_computed == [1, 2, 3, 4, 5, 6, 7] and ours_computed == [1, 3, 6]
-    assert [entry["step"] for entry in ours] == [entry["step"] for entry in theirs] == [1, 3, 6]
+    assert theirs_computed == [1, 2, 3, 4, 5, 6, 7] and ours_computed == norms_at
+    assert [entry["step"] for entry in ours] == [entry["step"] for entry in theirs] == logged
     for mine, reference in zip(ours, theirs, strict=True):
         assert mine["grad_norm"] == reference["grad_norm"] and mine["loss"] == reference["loss"]
     for name, value in ours_weights.items():

@@ -105,13 +105,14 @@ class TransformerTrainer(Seq2SeqTrainer):
         return super()._get_grad_norm(model, grad_norm)
 
     def _logs_next_update(self) -> bool:
-        """Whether the update about to be counted is logged (`DefaultFlowCallback`'s rule)."""
+        """Whether the update about to be counted may be logged (`DefaultFlowCallback`'s rule): with
+        `logging_strategy` "epoch" any update may be its epoch's last, so every one is."""
         step, args = self.state.global_step + 1, self.args
         if step == 1 and args.logging_first_step:
             return True
-        return (
-            args.logging_strategy == "steps" and bool(self.state.logging_steps) and step % self.state.logging_steps == 0
-        )
+        if args.logging_strategy == "steps":
+            return bool(self.state.logging_steps) and step % self.state.logging_steps == 0
+        return args.logging_strategy != "no"
 
     def _track_num_input_tokens(self, inputs):
         """The tokens seen: the Trainer's count of the source tokens, and the target tokens beside it (what the
