@@ -111,7 +111,7 @@ class TransformerTrainer(Seq2SeqTrainer):
         if step == 1 and args.logging_first_step:
             return True
         if args.logging_strategy == "steps":
-            return bool(self.state.logging_steps) and step % self.state.logging_steps == 0
+            return step % self.state.logging_steps == 0  # (never 0: TrainingArguments refuses it)
         return args.logging_strategy != "no"
 
     def _track_num_input_tokens(self, inputs):
