@@ -85,6 +85,19 @@ def test_a_recipe_files_peak_belongs_to_its_own_preset(tmp_path):
     assert (recipe.peak_learning_rate, recipe.peak_learning_rate_preset) == (0.0019764, "small")
     recipe, _ = parse(tmp_path, "--peak_learning_rate", "0.001")  # given here: the run's own preset's
     assert recipe.peak_learning_rate_preset is None
+    # ... and the update's own: the recipe's reference (2,048 tokens) scaled the recipe's peak, not this one.
+    assert recipe.lr_reference_tokens is None and rate(recipe, 256, tokens=1024) == pytest.approx(1e-3)
+    recipe, _ = parse(tmp_path, "--peak_learning_rate", "0.001", "--lr_reference_tokens", "4096")
+    assert recipe.lr_reference_tokens == 4096
+
+
+def test_the_cpu_recipes_peak_is_named_for_2048_token_updates(tmp_path):
+    """1.98e-3 at 2,048 tokens per update; the recipe's 1,024-token updates peak at 1/sqrt(2) of it, 1.40e-3
+    (docs/cpu_recipe.md); two processes of 1,024 tokens make 2,048 again."""
+    recipe, _ = parse(tmp_path)
+    assert rate(recipe, 256, tokens=1024) == pytest.approx(1.3975e-3, rel=1e-4)
+    assert rate(recipe, 256, tokens=2048) == pytest.approx(1.9764e-3, rel=1e-4)
+    assert rate(recipe, 192, tokens=1024) == pytest.approx(2.2821e-3 / 2**0.5, rel=1e-4)  # compact, its own width
 
 
 def test_a_run_started_again_with_another_size_keeps_the_peaks_owner(tmp_path):

@@ -1,7 +1,7 @@
 """Average the last N checkpoints of a training run into a model folder (§6.1: base models average the last 5).
 
 Only checkpoints from the last third of the run are taken (--window), and none whose validation loss (from the
-last checkpoint's trainer_state.json) is more than 10% above the last one's (a checkpoint between
+last checkpoint's trainer_state.json) is more than 8% above the last one's (a checkpoint between
 validations is judged by the next one after it).
 
 Usage:

@@ -72,7 +72,7 @@ def lr_scale_for(recipe, args, warmup: int, tokens_per_update: int, d_model: int
     1. The recipe's rate: `lr_scale`, or the one that gives its `peak_learning_rate` to the model it names it for
        (`peak_learning_rate_preset`, else `preset`). The factor is the same for every size, so each peaks at
        lr_scale * d_model^-0.5 * warmup^-0.5: the rate follows the model (the CPU recipe's 1.98e-3 for small is
-       1.40e-3 for base and 0.99e-3 for big), as §5.3 has it.
+       1.40e-3 for base and 0.99e-3 for big, at the update size it is named for), as §5.3 has it.
     2. Where the recipe names the update size its rate holds at (`lr_reference_tokens`), the square root of the
        update's tokens over it.
     3. Where a short run cut the warmup (`max_warmup_fraction`), the rate climbs the same ramp and peaks lower: a
