@@ -659,36 +659,49 @@ def test_a_run_switched_at_its_first_check_starts_again_with_the_choice_and_reco
     assert max(steps) == results["training"]["steps"] and min(steps) >= plan["save_steps"]  # only the second run's
 
 
+def spaced_callback(tmp_path, **plan_fields):
+    """A budget callback of `PLANNED` with these fields, begun on a Trainer state (its re-plans left to the test,
+    no first check): (callback, args, state)."""
+    from transformers import TrainingArguments
+
+    plan = dataclasses.replace(PLANNED, **plan_fields)
+    callback = TimeBudgetCallback(
+        plan, deadline_seconds=10**6, rules=dataclasses.replace(REFIT_RULES, first_check=10**9)
+    )
+    callback._replan = lambda *args, **kwargs: None  # the tests set the spacing or the length by hand
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    state = TrainerState(max_steps=12404, global_step=0)
+    callback.on_train_begin(args, state, TrainerControl())
+    return callback, args, state
+
+
+def spaced_events(callback, args, state, last: int, respace: dict | None = None) -> dict[str, list[int]]:
+    """The updates at which `callback` asks for a checkpoint and a validation over updates 1 … `last`, the
+    Trainer's own events apart; `respace` ({update: plan fields}) re-plans the spacing by hand there."""
+    events = {"checkpoint": [], "validation": []}
+    for step in range(1, last + 1):
+        state.global_step = step
+        if step in (respace or {}):
+            callback.plan = dataclasses.replace(callback.plan, **respace[step])
+        control = callback.on_step_end(args, state, TrainerControl())
+        if control.should_evaluate:
+            events["validation"].append(step)
+            callback.on_evaluate(args, state, control)
+        if control.should_save:
+            events["checkpoint"].append(step)
+            callback.on_save(args, state, control)
+    return events
+
+
 def test_a_budgeted_runs_checkpoints_and_validations_are_spaced_from_the_last_one(tmp_path):
     """A re-plan that changes the spacing keeps the count per run: the next event comes a spacing after the last
     one, not at the next multiple of the new spacing (the Trainer's rule, which added validations and put two
     checkpoints 60 updates apart into the average of a main job)."""
-    from transformers import TrainingArguments
-
-    plan = dataclasses.replace(PLANNED, save_steps=100, eval_steps=200)
-    callback = TimeBudgetCallback(
-        plan, deadline_seconds=10**6, rules=dataclasses.replace(REFIT_RULES, first_check=10**9)
-    )
-    callback._replan = lambda *args, **kwargs: None  # the spacing is set by hand below
-    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
-    state = TrainerState(max_steps=12404, global_step=0)
-    callback.on_train_begin(args, state, TrainerControl())
-    events = []
-    for step in range(1, 1001):
-        state.global_step = step
-        if step == 350:  # a re-plan: checkpoints every 130, validations every 260
-            callback.plan = dataclasses.replace(callback.plan, save_steps=130, eval_steps=260)
-        control = callback.on_step_end(args, state, TrainerControl())
-        if control.should_evaluate:
-            events.append(("validation", step))
-            callback.on_evaluate(args, state, control)
-        if control.should_save:
-            events.append(("checkpoint", step))
-            callback.on_save(args, state, control)
-    saves = [step for kind, step in events if kind == "checkpoint"]
-    validations = [step for kind, step in events if kind == "validation"]
-    assert saves == [100, 200, 300, 430, 560, 690, 820, 950]
-    assert validations == [200, 430, 690, 950]  # at a checkpoint, once its spacing has (nearly) passed
+    callback, args, state = spaced_callback(tmp_path, save_steps=100, eval_steps=200)
+    # A re-plan at update 350: checkpoints every 130, validations every 260.
+    events = spaced_events(callback, args, state, 1000, respace={350: dict(save_steps=130, eval_steps=260)})
+    assert events["checkpoint"] == [100, 200, 300, 430, 560, 690, 820, 950]
+    assert events["validation"] == [200, 430, 690, 950]  # at a checkpoint, once its spacing has (nearly) passed
 
 
 @pytest.mark.parametrize(
@@ -702,52 +715,26 @@ def test_a_budgeted_runs_checkpoints_and_validations_are_spaced_from_the_last_on
 def test_no_checkpoint_or_validation_comes_just_before_the_last_update(tmp_path, max_steps, saves, validations):
     """The last update saves and validates by the Trainer's rule: a spaced event within half its spacing of the end
     would put the run's end twice into the average (a main job re-planned to 6,067 updates saved at 6,066)."""
-    from transformers import TrainingArguments
-
-    plan = dataclasses.replace(PLANNED, max_steps=max_steps, save_steps=100, eval_steps=200)
-    callback = TimeBudgetCallback(
-        plan, deadline_seconds=10**6, rules=dataclasses.replace(REFIT_RULES, first_check=10**9)
-    )
-    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
-    state = TrainerState(max_steps=12404, global_step=0)
-    callback.on_train_begin(args, state, TrainerControl())
+    callback, args, state = spaced_callback(tmp_path, max_steps=max_steps, save_steps=100, eval_steps=200)
     assert state.max_steps == max_steps
-    events = {"checkpoint": [], "validation": []}
-    for step in range(1, max_steps):  # the last update's events are the Trainer's
-        state.global_step = step
-        control = callback.on_step_end(args, state, TrainerControl())
-        if control.should_evaluate:
-            events["validation"].append(step)
-            callback.last_evaluation = step
-        if control.should_save:
-            events["checkpoint"].append(step)
-            callback.last_save = step
+    events = spaced_events(callback, args, state, max_steps - 1)  # the last update's events are the Trainer's
     assert events == {"checkpoint": saves, "validation": validations}
 
 
-def test_a_validation_that_replans_the_end_close_takes_back_its_checkpoint(tmp_path):
+@pytest.mark.parametrize(("new_end", "saves"), [(1001, False), (1200, True)])
+def test_a_validation_that_replans_the_end_close_takes_back_its_checkpoint(tmp_path, new_end, saves):
     """A re-plan at a checkpoint's validation to an end within half a spacing (out of time: one more update) leaves
     the save to the last update; a re-plan that leaves room keeps it."""
-    from transformers import TrainingArguments
+    callback, args, state = spaced_callback(tmp_path, max_steps=3000, save_steps=100, eval_steps=200)
 
-    for new_end, saves in ((1001, False), (1200, True)):
-        callback = TimeBudgetCallback(
-            dataclasses.replace(PLANNED, max_steps=3000, save_steps=100, eval_steps=200),
-            deadline_seconds=10**6,
-            rules=dataclasses.replace(REFIT_RULES, first_check=10**9),
-        )
+    def replan(args, state, after):
+        callback.plan = dataclasses.replace(callback.plan, max_steps=new_end)
+        callback._apply(state)
 
-        def replan(args, state, after, end=new_end, callback=callback):
-            callback.plan = dataclasses.replace(callback.plan, max_steps=end)
-            callback._apply(state)
-
-        callback._replan = replan
-        args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
-        state = TrainerState(max_steps=12404, global_step=0)
-        callback.on_train_begin(args, state, TrainerControl())
-        callback.meter.seconds, callback.meter.updates = 200.0, 999  # the Trainer's measured speed
-        state.global_step = 1000
-        control = callback.on_step_end(args, state, TrainerControl())
-        assert control.should_save and control.should_evaluate
-        callback.on_evaluate(args, state, control, metrics={})
-        assert state.max_steps == new_end and control.should_save is saves
+    callback._replan = replan
+    callback.meter.seconds, callback.meter.updates = 200.0, 999  # the Trainer's measured speed
+    state.global_step = 1000
+    control = callback.on_step_end(args, state, TrainerControl())
+    assert control.should_save and control.should_evaluate
+    callback.on_evaluate(args, state, control, metrics={})
+    assert state.max_steps == new_end and control.should_save is saves

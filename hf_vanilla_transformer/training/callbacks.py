@@ -51,6 +51,12 @@ class SaveEveryCallback(TrainerCallback):
         self.last = time.monotonic()
 
 
+def _near_the_end(state, spacing: int) -> bool:
+    """Whether the run's last update, which saves and validates by the Trainer's own rule, is less than half an event
+    `spacing` away: a spaced checkpoint or validation there would come twice at the run's end."""
+    return 0 < state.max_steps - state.global_step < spacing / 2
+
+
 class TimeBudgetCallback(TrainerCallback, ExportableState):
     """The budgeted run's length: carries the plan into every checkpoint's trainer state, re-plans the run's length
     from its own updates (`replanning.py`: after `rules.first_check` updates and after every validation), and stops
@@ -127,8 +133,8 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
             self.deadline += (self.plan.predicted_decode_seconds or 0.0) - decode
             self.plan = dataclasses.replace(self.plan, predicted_decode_seconds=decode)
             self._replan(args, state, f"the validation at update {state.global_step:,}")
-            if state.global_step < state.max_steps and state.max_steps - state.global_step < self.plan.save_steps / 2:
-                control.should_save = False  # re-planned to end within half a spacing: the last update saves
+            if _near_the_end(state, self.plan.save_steps):  # re-planned to end that close: the last update saves
+                control.should_save = False
         return control
 
     def on_save(self, args, state, control, **kwargs):
@@ -148,19 +154,17 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
     def _space_events(self, state, control) -> None:
         """A checkpoint once the plan's spacing has passed since the last one; a validation with it once its own
         spacing has (nearly) passed, or on its own where validations come more often than checkpoints. The run's
-        last update saves and validates through the Trainer's own rule, so no checkpoint comes within half the
-        checkpoint spacing of it (nor a validation, which comes with a checkpoint or, on its own, not within half
-        its spacing): a re-planned length once put a checkpoint and a validation one update before the last, and
-        the average took the run's end twice."""
+        last update saves and validates through the Trainer's own rule, so neither comes near it (`_near_the_end`):
+        a re-planned length once put a checkpoint and a validation one update before the last, and the average took
+        the run's end twice."""
         step, save, evaluate = state.global_step, self.plan.save_steps, self.plan.eval_steps
         if step >= state.max_steps:
             return
-        left = state.max_steps - step
-        saving = step - self.last_save >= save and left >= save / 2
+        saving = step - self.last_save >= save and not _near_the_end(state, save)
         control.should_save = control.should_save or saving
         if evaluate and self.rules.validates:
             due = step - self.last_evaluation >= (evaluate - save / 2 if evaluate >= save else evaluate)
-            alone = evaluate < save and left >= evaluate / 2
+            alone = evaluate < save and not _near_the_end(state, evaluate)
             control.should_evaluate = control.should_evaluate or (due and (saving or alone))
 
     def _switch(self, args, state) -> bool:

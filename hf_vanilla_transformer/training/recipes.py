@@ -90,10 +90,10 @@ def parse_arguments(
     given = given_flags(argv if argv is not None else sys.argv[1:])
     if "bf16" in given or "fp16" in given:  # an explicit mixed precision fixes what `auto` would measure
         recipe.precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-    if "peak_learning_rate" in given and "peak_learning_rate_preset" not in given:
-        recipe.peak_learning_rate_preset = None  # the command line's peak is the run's own preset's ...
-    if "peak_learning_rate" in given and "lr_reference_tokens" not in given:
-        recipe.lr_reference_tokens = None  # ... and its update size's: the recipe's reference was for its own peak
+    if "peak_learning_rate" in given:  # the command line's peak is the run's own preset's and update size's ...
+        for owner in ("peak_learning_rate_preset", "lr_reference_tokens"):
+            if owner not in given:  # ... not those the recipe named for its own peak
+                setattr(recipe, owner, None)
     settle_choices(recipe, args, given)
     check_run_arguments(recipe, args)
     return recipe, args
