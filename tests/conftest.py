@@ -96,7 +96,7 @@ def run_without_package(script: str, tmp_path, **env) -> subprocess.CompletedPro
 
 def plan_of(**fields):
     """A run's plan (`BudgetPlan`) with the given fields, the others the least a plan holds."""
-    from hf_vanilla_transformer.training.planning import BudgetPlan
+    from hf_vanilla_transformer.training.budget.plan import BudgetPlan
 
     defaults = dict(max_steps=100, warmup_steps=1, save_steps=100, eval_steps=None, precision="fp32")
     return BudgetPlan(**{**defaults, "attn_implementation": "sdpa", **fields})

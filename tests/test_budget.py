@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import TrainerControl, TrainerState, set_seed
+from transformers import TrainerControl, TrainerState
 
 from hf_vanilla_transformer.training.arguments import (
     ModelDataArguments,
@@ -23,24 +23,26 @@ from hf_vanilla_transformer.training.arguments import (
     check_schedule_arguments,
 )
 from hf_vanilla_transformer.training.averaging import choose_checkpoints, validation_losses
-from hf_vanilla_transformer.training.calibration import measure_updates
-from hf_vanilla_transformer.training.callbacks import TimeBudgetCallback
-from hf_vanilla_transformer.training.checkpoints import latest_checkpoint
-from hf_vanilla_transformer.training.choices import preset_choices
-from hf_vanilla_transformer.training.costs import decode_seconds, updates_that_fit
-from hf_vanilla_transformer.training.plan_record import recorded_plan
-from hf_vanilla_transformer.training.planning import BudgetPlan
-from hf_vanilla_transformer.training.preparation import build_model, prepare_run
-from hf_vanilla_transformer.training.recipes import parse_arguments, read_recipe
-from hf_vanilla_transformer.training.replanning import (
+from hf_vanilla_transformer.training.budget.calibration import measure_updates
+from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, BudgetClock
+from hf_vanilla_transformer.training.budget.costs import BudgetRules, decode_seconds, updates_that_fit
+from hf_vanilla_transformer.training.budget.deadline import Replan, TimeBudgetCallback
+from hf_vanilla_transformer.training.budget.plan import BudgetPlan
+from hf_vanilla_transformer.training.budget.record import recorded_plan
+from hf_vanilla_transformer.training.budget.replanning import (
     WARM_UPDATES,
-    RefitRules,
+    Switch,
     UpdateMeter,
     better_candidate,
-    predicted_decode_seconds,
     refit,
 )
-from hf_vanilla_transformer.training.schedule import schedule_for, spacing_for, warmup_for
+from hf_vanilla_transformer.training.budget.schedule import EventRule, event_spacing, spacing_for, warmup_for
+from hf_vanilla_transformer.training.checkpoints import latest_checkpoint
+from hf_vanilla_transformer.training.choices import preset_choices
+from hf_vanilla_transformer.training.models import build_model
+from hf_vanilla_transformer.training.recipes import parse_arguments, read_recipe
+from hf_vanilla_transformer.training.run import prepare_run
+from hf_vanilla_transformer.training.settings import settle
 
 from conftest import FIXTURES, ROOT, plan_of, random_ids, tiny_model
 
@@ -62,6 +64,12 @@ def test_updates_that_fit_pay_for_checkpoints_and_validations_first():
     assert updates_that_fit(1560, 0.77) == 2025
     with pytest.raises(ValueError, match="seconds_per_update=0"):
         updates_that_fit(1000, 0)
+
+
+def schedule_for(max_steps, warmup, checkpoints, evaluations, save_steps, eval_steps, max_warmup_fraction=None):
+    """(warmup, checkpoint spacing, validation spacing) of a run: the two rules side by side."""
+    spacing = event_spacing(max_steps, EventRule(checkpoints, evaluations, save_steps, eval_steps))
+    return (warmup_for(max_steps, warmup, max_warmup_fraction), *spacing)
 
 
 def test_the_schedule_follows_from_the_number_of_updates():
@@ -192,13 +200,24 @@ def test_measuring_updates_leaves_the_model_and_the_random_state_alone():
     assert all(p.grad is None for p in model.parameters())
 
 
+def clock_of(training_seconds: float, now=time.monotonic, decode: float = 0.0) -> BudgetClock:
+    """A budget clock started now (on `now`) with `training_seconds` left to train once `decode` seconds of test
+    decoding and the finishing margin are paid."""
+    return BudgetClock(now(), training_seconds + decode + FINISHING_SECONDS, now=now)
+
+
+def usable(seconds_left: float) -> float:
+    """What a plan fills of `seconds_left` training seconds (the budget clock's margins)."""
+    return clock_of(seconds_left, now=lambda: 0.0).seconds_left(planned=True)
+
+
 def test_the_deadline_stops_training_and_saves():
-    callback = TimeBudgetCallback(plan_of(max_steps=100), deadline_seconds=1e-9)
+    callback = TimeBudgetCallback(plan_of(max_steps=100), clock_of(1e-9))
     state, control = TrainerState(max_steps=100, global_step=40), TrainerControl()
     time.sleep(0.01)
     callback.on_step_end(None, state, control)
     assert control.should_training_stop and control.should_save and callback.stopped_early_at == 40
-    patient = TimeBudgetCallback(plan_of(max_steps=100), deadline_seconds=3600)
+    patient = TimeBudgetCallback(plan_of(max_steps=100), clock_of(3600))
     control = TrainerControl()
     patient.on_step_end(None, state, control)
     assert not control.should_training_stop and patient.stopped_early_at is None
@@ -250,7 +269,7 @@ def test_a_smaller_preset_is_trained_where_the_recipes_does_not_reach_its_update
     args = TransformerTrainingArguments(
         output_dir=str(tmp_path / "run"), warmup_steps=10, seed=3, use_cpu=True, disable_tqdm=True
     )
-    run = prepare_run(recipe, args)
+    run = prepare_run(settle(recipe, args))
     trainer, tokenizer, plan = run.trainer, run.tokenizer, run.plan
     assert plan.preset == chosen and recipe.preset == "small"  # the plan chose; the user's arguments stay as given
     assert set(plan.measured) == {"small/fp32/sdpa@1024", "small/fp32/sdpa@512"} | (
@@ -259,8 +278,7 @@ def test_a_smaller_preset_is_trained_where_the_recipes_does_not_reach_its_update
     assert f"the {chosen} model (small, tiny: " in plan.summary()
     assert plan.max_tokens == (1024 if chosen == "small" else 512)  # none reaches: the smallest of each choice
     # The model trained is the chosen preset's, with the initial weights the seed gives it when asked for directly.
-    set_seed(3)
-    direct = build_model(dataclasses.replace(recipe, preset=chosen, preset_choices=None), tokenizer)
+    direct = build_model(dataclasses.replace(recipe, preset=chosen, preset_choices=None), tokenizer, seed=3)
     assert trainer.model.config.d_model == direct.config.d_model
     for (name, value), expected in zip(trainer.model.state_dict().items(), direct.state_dict().values(), strict=True):
         assert torch.equal(value, expected), name
@@ -414,11 +432,8 @@ def test_the_train_script_ends_a_bad_recipe_or_data_file_with_one_line(tmp_path)
 # Re-planning from the run's own updates
 # ---------------------------------------------------------------------------------------------------------------------
 
-REFIT_RULES = RefitRules(
-    checkpoints_per_run=12,
-    evaluations_per_run=6,
-    save_steps=1000,
-    eval_steps=None,
+REFIT_RULES = BudgetRules(
+    events=EventRule(checkpoints_per_run=12, evaluations_per_run=6, save_steps=1000, eval_steps=None),
     validates=True,
     max_updates=None,
     first_check=125,
@@ -436,18 +451,16 @@ def spacing(plan: BudgetPlan) -> tuple:
 def test_the_refit_length_pays_for_the_checkpoints_and_validations_still_to_come():
     # 1,200 s left after update 125 at 0.27 s per update, 97% of it usable; 12 checkpoints of 1 s and 6 validations
     # of 20 s per run, 96.8% of them still to come: 125 + (1164 - 127.8) / 0.27 = 3,962 updates.
-    refit_plan = refit(PLANNED, REFIT_RULES, 125, 0.27, 1200.0, 1.0, 20.0)
+    refit_plan = refit(PLANNED, REFIT_RULES, 125, 0.27, usable(1200.0), 1.0, 20.0)
     assert spacing(refit_plan) == (3962, 1000, 331, 662) and spacing(PLANNED) == (3101, 1000, 259, 518)
     # Slower than planned: shorter, the same number of checkpoints and validations per run, the warmup kept.
-    assert spacing(refit(PLANNED, REFIT_RULES, 125, 0.5, 1200.0, 1.0, 20.0)) == (2203, 1000, 184, 368)
+    assert spacing(refit(PLANNED, REFIT_RULES, 125, 0.5, usable(1200.0), 1.0, 20.0)) == (2203, 1000, 184, 368)
     # The epoch cap holds; a run out of time ends at the next update (the deadline stops it there).
-    assert (
-        refit(PLANNED, dataclasses.replace(REFIT_RULES, max_updates=3500), 125, 0.27, 1200.0, 1.0, 20.0).max_steps
-        == 3500
-    )
-    assert refit(PLANNED, REFIT_RULES, 2000, 0.27, -5.0, 1.0, 20.0).max_steps == 2001
+    capped = dataclasses.replace(REFIT_RULES, max_updates=3500)
+    assert refit(PLANNED, capped, 125, 0.27, usable(1200.0), 1.0, 20.0).max_steps == 3500
+    assert refit(PLANNED, REFIT_RULES, 2000, 0.27, usable(-5.0), 1.0, 20.0).max_steps == 2001
     with pytest.raises(ValueError, match="seconds_per_update=0"):
-        refit(PLANNED, REFIT_RULES, 125, 0.0, 1200.0, 1.0, 20.0)
+        refit(PLANNED, REFIT_RULES, 125, 0.0, usable(1200.0), 1.0, 20.0)
 
 
 def test_the_averaging_window_follows_a_refit_length(tmp_path):
@@ -466,13 +479,13 @@ def test_the_averaging_window_follows_a_refit_length(tmp_path):
 def test_the_test_decoding_is_predicted_from_a_validations_decoding_speed():
     # A 12 s validation of 200 pairs at 0.3 s per update: 0.094 s of loss batches, 0.0595 s per greedy sentence;
     # 1,752 sentences with 4 beams at 3 times the cost of a greedy one: 313 s.
-    assert predicted_decode_seconds(REFIT_RULES, 12.0, 0.3) == pytest.approx(312.90, abs=0.01)
+    assert REFIT_RULES.predicted_decode_seconds(12.0, 0.3) == pytest.approx(312.90, abs=0.01)
     greedy = dataclasses.replace(REFIT_RULES, test_beams=1)
-    assert predicted_decode_seconds(greedy, 12.0, 0.3) == pytest.approx(104.30, abs=0.01)
+    assert greedy.predicted_decode_seconds(12.0, 0.3) == pytest.approx(104.30, abs=0.01)
     # Where the source check took 2 s of the validation, its two loss passes and the Trainer's took 3 s.
-    assert predicted_decode_seconds(REFIT_RULES, 12.0, 0.3, 2.0) == pytest.approx(236.52, abs=0.01)
+    assert REFIT_RULES.predicted_decode_seconds(12.0, 0.3, 2.0) == pytest.approx(236.52, abs=0.01)
     # Where the prediction steps took 7 s (their decoding, and a loss pass of about half the check's 2 s): 6 s.
-    assert predicted_decode_seconds(REFIT_RULES, 12.0, 0.3, 2.0, 7.0) == pytest.approx(157.68, abs=0.01)
+    assert REFIT_RULES.predicted_decode_seconds(12.0, 0.3, 2.0, 7.0) == pytest.approx(157.68, abs=0.01)
 
 
 def test_the_meter_counts_training_time_apart_from_warm_updates_validations_and_checkpoints():
@@ -495,10 +508,7 @@ def test_the_meter_counts_training_time_apart_from_warm_updates_validations_and_
 def test_the_budget_callback_replans_after_its_first_updates_and_after_each_validation(monkeypatch, tmp_path):
     from transformers import TrainingArguments
 
-    from hf_vanilla_transformer.training import callbacks as callbacks_module
-
     clock = [1000.0]
-    monkeypatch.setattr(callbacks_module.time, "monotonic", lambda: clock[0])
     plan = dataclasses.replace(
         PLANNED,
         seconds_per_update=0.41,
@@ -506,7 +516,7 @@ def test_the_budget_callback_replans_after_its_first_updates_and_after_each_vali
         validation_seconds=20.0,
         checkpoint_seconds=1.0,
     )
-    callback = TimeBudgetCallback(plan, deadline_seconds=1400.0, rules=REFIT_RULES)
+    callback = TimeBudgetCallback(plan, clock_of(1400.0, lambda: clock[0], decode=80.0), REFIT_RULES)
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
     state, control = TrainerState(max_steps=12404, global_step=0), TrainerControl()
     callback.on_train_begin(args, state, control)
@@ -536,7 +546,7 @@ def test_the_budget_callback_replans_after_its_first_updates_and_after_each_vali
     assert callback.plan.max_steps == ended == state.max_steps
     # What a checkpoint carries back: a resumed run keeps the length, with no deadline and no re-planning.
     resumed = TimeBudgetCallback(**callback.state()["args"])
-    assert resumed.rules is None and resumed.deadline is None
+    assert resumed.rules is None and resumed.clock is None
     fresh = TrainerState(max_steps=12404, global_step=600)
     resumed.on_train_begin(args, fresh, TrainerControl())
     assert fresh.max_steps == state.max_steps
@@ -563,33 +573,30 @@ CHOICES = [
 def test_a_trainer_much_faster_than_calibrated_switches_to_the_largest_choice_that_now_reaches_min_updates():
     rules = dataclasses.replace(REFIT_RULES, min_updates=3000, max_epochs=20)
     plan = plan_of(preset="compact", max_tokens=1024, candidates=CHOICES)
+    current = (plan.preset, plan.max_tokens)
+
+    def better(ratio: float, seconds_left: float, rules=rules, current=current) -> Switch | None:
+        left = clock_of(seconds_left, now=lambda: 0.0).seconds_left(restart=True, planned=True)
+        return better_candidate(plan.candidates, current, rules, ratio, left, 1.0, 20.0)
+
     # 1,300 s left, less 20 s to start again and the whole run's 12 x 1 s + 6 x 20 s, 97% usable: 1,109.6 s. At
     # 0.7 of every calibrated time, small with 2,048 tokens makes 0.35 s per update: 3,170 updates, enough.
-    assert better_candidate(plan, rules, 0.7, 1300.0, 1.0, 20.0) == {
-        **CHOICES[0],
-        "seconds_per_update": 0.35,
-        "max_steps": 3170,
-    }
+    assert better(0.7, 1300.0) == Switch("small", 2048, 1, pytest.approx(0.35), 3170)
     # At 0.8: small with 2,048 reaches 2,774 only; with 1,024 tokens (0.216 s), 5,137.
-    assert better_candidate(plan, rules, 0.8, 1300.0, 1.0, 20.0)["max_tokens"] == 1024
+    assert better(0.8, 1300.0).max_tokens == 1024
     # Small with 2,048 tokens capped at 8 epochs (2,800 updates) is not enough either.
-    assert (
-        better_candidate(plan, dataclasses.replace(rules, max_epochs=8), 0.7, 1300.0, 1.0, 20.0)["max_tokens"] == 1024
-    )
+    assert better(0.7, 1300.0, rules=dataclasses.replace(rules, max_epochs=8)).max_tokens == 1024
     # Close to the calibration, or nothing earlier that fits, or no rule to reach: no switch.
-    assert better_candidate(plan, rules, 0.95, 1300.0, 1.0, 20.0) is None
-    assert better_candidate(plan, rules, 0.7, 300.0, 1.0, 20.0) is None
-    assert better_candidate(plan, dataclasses.replace(rules, min_updates=None), 0.5, 1300.0, 1.0, 20.0) is None
-    assert better_candidate(dataclasses.replace(plan, preset="small", max_tokens=2048), rules, 0.5, 1300, 1, 20) is None
+    assert better(0.95, 1300.0) is None
+    assert better(0.7, 300.0) is None
+    assert better(0.5, 1300.0, rules=dataclasses.replace(rules, min_updates=None)) is None
+    assert better(0.5, 1300.0, current=("small", 2048)) is None
 
 
 def test_the_first_check_stops_a_run_whose_choice_proved_wrong_before_any_checkpoint(monkeypatch, tmp_path):
     from transformers import TrainingArguments
 
-    from hf_vanilla_transformer.training import callbacks as callbacks_module
-
     clock = [0.0]
-    monkeypatch.setattr(callbacks_module.time, "monotonic", lambda: clock[0])
     plan = dataclasses.replace(
         PLANNED,
         preset="compact",
@@ -601,7 +608,7 @@ def test_the_first_check_stops_a_run_whose_choice_proved_wrong_before_any_checkp
         predicted_decode_seconds=80.0,
     )
     rules = dataclasses.replace(REFIT_RULES, min_updates=3000, max_epochs=20)
-    callback = TimeBudgetCallback(plan, deadline_seconds=1325.0, rules=rules)
+    callback = TimeBudgetCallback(plan, clock_of(1325.0, lambda: clock[0], decode=80.0), rules)
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
     state, control = TrainerState(max_steps=12404, global_step=0), TrainerControl()
     callback.on_train_begin(args, state, control)
@@ -610,14 +617,15 @@ def test_the_first_check_stops_a_run_whose_choice_proved_wrong_before_any_checkp
         state.global_step = step
         callback.on_step_end(args, state, control)
     assert control.should_training_stop and not control.should_save
-    assert (callback.switch["preset"], callback.switch["max_tokens"]) == ("small", 2048)
-    assert callback.switch["seconds_per_update"] == pytest.approx(0.5 * 0.133 / 0.19)
+    assert (callback.switch.preset, callback.switch.max_tokens) == ("small", 2048)
+    assert callback.switch.seconds_per_update == pytest.approx(0.5 * 0.133 / 0.19)
     assert callback.plan.replans == []  # no re-plan of a run that starts again
     # The run started again with that choice is not switched a second time by the same speeds: it re-plans its length.
+    clock[0] = 0.0
     again = TimeBudgetCallback(
-        dataclasses.replace(plan, switched_from={"preset": "compact"}), deadline_seconds=1325.0, rules=rules
+        dataclasses.replace(plan, switched_from={"preset": "compact"}), clock_of(1325.0, lambda: clock[0], 80.0), rules
     )
-    state, control, clock[0] = TrainerState(max_steps=12404, global_step=0), TrainerControl(), 0.0
+    state, control = TrainerState(max_steps=12404, global_step=0), TrainerControl()
     again.on_train_begin(args, state, control)
     for step in range(1, 126):
         clock[0] += 0.133
@@ -629,14 +637,14 @@ def test_the_first_check_stops_a_run_whose_choice_proved_wrong_before_any_checkp
 
 @pytest.mark.slow
 def test_a_run_switched_at_its_first_check_starts_again_with_the_choice_and_records_it(tmp_path, monkeypatch):
-    from hf_vanilla_transformer.training import callbacks as callbacks_module
+    from hf_vanilla_transformer.training.budget import deadline
     from hf_vanilla_transformer.training.run import train_and_evaluate
 
-    def switch_to_the_first(plan, rules, ratio, *args):  # as if the Trainer were 3x faster than calibrated
-        first = plan.candidates[0]
-        return {**first, "seconds_per_update": first["seconds_per_update"] / 3, "max_steps": 40}
+    def switch_to_the_first(candidates, current, rules, ratio, *args):  # as if the Trainer were 3x faster than planned
+        first = candidates[0]
+        return Switch(first["preset"], first["max_tokens"], first["accumulation"], first["seconds_per_update"] / 3, 40)
 
-    monkeypatch.setattr(callbacks_module, "better_candidate", switch_to_the_first)
+    monkeypatch.setattr(deadline, "better_candidate", switch_to_the_first)
     recipe = _small_or_tiny(
         min_updates=10**9, max_minutes=3, max_tokens=1024, test_beams=1, checkpoints_per_run=4, max_epochs=1000
     )
@@ -649,7 +657,7 @@ def test_a_run_switched_at_its_first_check_starts_again_with_the_choice_and_reco
         report_to=[],
         eval_strategy="no",
     )
-    results = train_and_evaluate(recipe, args)
+    results = train_and_evaluate(settle(recipe, args))
     plan = results["plan"]
     assert plan["switched_from"]["preset"] == "tiny" and plan["switched_from"]["max_tokens"] == 512
     assert plan["switched_from"]["at"] > WARM_UPDATES  # the first check, once the first run's updates were measured
@@ -665,10 +673,8 @@ def spaced_callback(tmp_path, **plan_fields):
     from transformers import TrainingArguments
 
     plan = dataclasses.replace(PLANNED, **plan_fields)
-    callback = TimeBudgetCallback(
-        plan, deadline_seconds=10**6, rules=dataclasses.replace(REFIT_RULES, first_check=10**9)
-    )
-    callback._replan = lambda *args, **kwargs: None  # the tests set the spacing or the length by hand
+    callback = TimeBudgetCallback(plan, clock_of(10**6), dataclasses.replace(REFIT_RULES, first_check=10**9))
+    callback.replan = lambda *args, **kwargs: None  # the tests set the spacing or the length by hand
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
     state = TrainerState(max_steps=12404, global_step=0)
     callback.on_train_begin(args, state, TrainerControl())
@@ -727,11 +733,11 @@ def test_a_validation_that_replans_the_end_close_takes_back_its_checkpoint(tmp_p
     the save to the last update; a re-plan that leaves room keeps it."""
     callback, args, state = spaced_callback(tmp_path, max_steps=3000, save_steps=100, eval_steps=200)
 
-    def replan(args, state, after):
-        callback.plan = dataclasses.replace(callback.plan, max_steps=new_end)
-        callback._apply(state)
+    def replan(state, after, decode=None, always=False):
+        change = {"at": state.global_step, "after": after, "seconds_per_update": 0.2, "max_steps": new_end, "was": 3000}
+        return Replan(dataclasses.replace(callback.plan, max_steps=new_end), change)
 
-    callback._replan = replan
+    callback.replan = replan
     callback.meter.seconds, callback.meter.updates = 200.0, 999  # the Trainer's measured speed
     state.global_step = 1000
     control = callback.on_step_end(args, state, TrainerControl())

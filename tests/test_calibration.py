@@ -1,4 +1,4 @@
-"""The calibration's measurement (training/calibration.py) as a GPU needs it, proven on the CPU through its own code:
+"""The calibration's measurement (training/budget/calibration.py) as a GPU needs it, proven on the CPU through its own code:
 every clock read waits for the device, every timed shape has been run before its steady update, a new shape's cost
 and what is paid once are told apart, the choices are staged and ranked as the budget ranks them, the model is left
 where it was; and the budget's arithmetic pays for the shapes a run meets."""
@@ -8,12 +8,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_vanilla_transformer.training import calibration
 from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
-from hf_vanilla_transformer.training.calibration import Timing, measure_choices, measure_updates
-from hf_vanilla_transformer.training.callbacks import TimeBudgetCallback
-from hf_vanilla_transformer.training.costs import updates_that_fit
-from hf_vanilla_transformer.training.replanning import RefitRules, refit
+from hf_vanilla_transformer.training.budget import calibration
+from hf_vanilla_transformer.training.budget.calibration import (
+    Calibration,
+    Timing,
+    UpdateChoices,
+    measure_updates,
+    trainer_optimizer,
+)
+from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, BudgetClock
+from hf_vanilla_transformer.training.budget.costs import BudgetRules, updates_that_fit
+from hf_vanilla_transformer.training.budget.deadline import TimeBudgetCallback
+from hf_vanilla_transformer.training.budget.replanning import refit
+from hf_vanilla_transformer.training.budget.schedule import EventRule
+from hf_vanilla_transformer.training.settings import compile_choices, update_choices
 
 from conftest import plan_of, random_ids, tiny_model
 
@@ -24,6 +33,18 @@ def shaped_batches() -> list[dict]:
         {"input_ids": random_ids(rows, source, seed=rows), "labels": random_ids(rows, target, seed=rows + 1)}
         for rows, source, target in ((2, 5, 4), (3, 7, 6), (4, 3, 9))
     ]
+
+
+def calibration_of(choices: UpdateChoices, sample=None) -> Calibration:
+    """The calibration of `choices` on the CPU, on `shaped_batches` (or `sample(size, count, taken)`)."""
+    sample = sample or (lambda size, count, taken: shaped_batches())
+    return Calibration(choices, torch.device("cpu"), sample, trainer_optimizer(None))
+
+
+def cpu_choices(**recipe) -> UpdateChoices:
+    """What a recipe of these fields leaves open on the CPU."""
+    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
+    return update_choices(ModelDataArguments(**recipe), args, torch.device("cpu"))
 
 
 def test_every_clock_read_waits_for_the_device_and_every_timed_shape_ran_before(monkeypatch):
@@ -86,9 +107,8 @@ def test_the_measurement_leaves_the_model_where_it_was():
     parameters = {name: (p.data_ptr(), p.device, p.dtype) for name, p in model.named_parameters()}
     before = {k: v.clone() for k, v in model.state_dict().items()}
     was_training = model.training
-    recipe = ModelDataArguments(precision="fp32", attn_implementation="auto")
-    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
-    measurement = measure_choices(recipe, args, model, lambda size, count, taken: shaped_batches(), [512], True)
+    choices = cpu_choices(precision="fp32", attn_implementation="auto")
+    measurement = calibration_of(choices).measure(model, [512], every_size=True)
     assert measurement.precision == "fp32" and measurement.attention in ("eager", "sdpa")
     assert {name: (p.data_ptr(), p.device, p.dtype) for name, p in model.named_parameters()} == parameters
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
@@ -119,13 +139,7 @@ def test_many_choices_are_measured_in_stages_and_ranked_by_what_the_run_pays(mon
     }
     log: list = []
     monkeypatch.setattr(calibration, "measure_updates", scripted(timings, log))
-    monkeypatch.setattr(
-        calibration,
-        "open_choices",
-        lambda recipe, args, device: (["bf16", "fp16", "tf32", "fp32"], ["eager", "sdpa", "flex_attention"], [False]),
-    )
-    recipe = ModelDataArguments(precision="auto", attn_implementation="auto")
-    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
+    choices = UpdateChoices(("bf16", "fp16", "tf32", "fp32"), ("eager", "sdpa", "flex_attention"), (False,), True)
 
     def rank(timing: Timing, size: int) -> float:  # 10,000 updates meeting 100 shapes
         return timing.steady + (timing.per_shape * 100 + timing.once) / 10_000
@@ -136,7 +150,7 @@ def test_many_choices_are_measured_in_stages_and_ranked_by_what_the_run_pays(mon
         handed.append(count)
         return shaped_batches()
 
-    measurement = measure_choices(recipe, args, tiny_model(), sample, [4096], True, None, rank)
+    measurement = calibration_of(choices, sample).measure(tiny_model(), [4096], every_size=True, rank=rank)
     assert log == [
         ["bf16/sdpa", "fp16/sdpa", "tf32/sdpa", "fp32/sdpa"],
         ["bf16/eager", "bf16/flex_attention"],
@@ -155,13 +169,11 @@ def test_a_compiled_step_is_measured_only_where_a_long_run_on_cuda_may_pay_for_i
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     short = ModelDataArguments(max_minutes=26)
     long = ModelDataArguments(max_minutes=120)
-    assert calibration.compile_choices(short, args, cuda) == [False]
-    assert calibration.compile_choices(long, args, cuda) == [False, True]
-    assert calibration.compile_choices(long, args, cpu) == [False]  # measured slower on CPUs (docs/speed.md)
-    assert calibration.compile_choices(ModelDataArguments(max_minutes=26, compile_training="always"), args, cpu) == [
-        True
-    ]
-    assert calibration.compile_choices(ModelDataArguments(compile_training="never"), args, cuda) == [False]
+    assert compile_choices(short, args, cuda) == [False]
+    assert compile_choices(long, args, cuda) == [False, True]
+    assert compile_choices(long, args, cpu) == [False]  # measured slower on CPUs (docs/speed.md)
+    assert compile_choices(ModelDataArguments(max_minutes=26, compile_training="always"), args, cpu) == [True]
+    assert compile_choices(ModelDataArguments(compile_training="never"), args, cuda) == [False]
 
 
 def test_the_updates_that_fit_pay_for_the_new_shapes_they_meet():
@@ -185,31 +197,22 @@ def test_a_candidate_that_cannot_run_is_left_out_with_its_reason(monkeypatch):
             super().update(batch)
 
     monkeypatch.setattr(calibration, "_Copy", Copy)
-    recipe = ModelDataArguments(precision="fp32", attn_implementation="auto")
-    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
-    sample = lambda size, count, taken: shaped_batches()  # noqa: E731
-    measurement = measure_choices(recipe, args, tiny_model(), sample, [512], True)
+    measure = calibration_of(cpu_choices(precision="fp32", attn_implementation="auto")).measure
+    measurement = measure(tiny_model(), [512], every_size=True)
     assert measurement.attention == "eager"
     assert measurement.reasons[0] == "fp32/sdpa left out: out of memory"
     assert set(measurement.measured) == {"fp32/eager@512"}
     monkeypatch.setattr(Copy, "update", lambda self, batch: (_ for _ in ()).throw(RuntimeError("no kernel")))
     with pytest.raises(ValueError, match="no training update runs on cpu: fp32/eager: no kernel; fp32/sdpa: no kernel"):
-        measure_choices(recipe, args, tiny_model(), sample, [512], True)
+        measure(tiny_model(), [512], every_size=True)
 
 
 def test_flash_attention_is_measured_in_16_bits_only(monkeypatch):
     log: list = []
     timings = {"fp32/sdpa": Timing(0.01), "fp16/sdpa": Timing(0.02), "fp32/eager": Timing(0.03)}
     monkeypatch.setattr(calibration, "measure_updates", scripted(timings, log))
-    monkeypatch.setattr(
-        calibration,
-        "open_choices",
-        lambda recipe, args, device: (["fp16", "fp32"], ["eager", "sdpa", "flash_attention_2"], [False]),
-    )
-    recipe = ModelDataArguments(precision="auto", attn_implementation="auto")
-    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
-    sample = lambda size, count, taken: shaped_batches()  # noqa: E731
-    measurement = measure_choices(recipe, args, tiny_model(), sample, [4096], True)
+    choices = UpdateChoices(("fp16", "fp32"), ("eager", "sdpa", "flash_attention_2"), (False,), True)
+    measurement = calibration_of(choices).measure(tiny_model(), [4096], every_size=True)
     assert log == [["fp16/sdpa", "fp32/sdpa"], ["fp32/eager"]]  # fp32 won: flash (16 bits only) is not tried
     assert (measurement.precision, measurement.attention) == ("fp32", "sdpa")
 
@@ -218,13 +221,15 @@ def test_a_replan_counts_the_new_shapes_met_and_charges_only_those_still_to_come
     """On a GPU the first updates meet most of the run's shapes: the Trainer's mean is then above its steady time,
     and charging it to every update still to come would cut the run short."""
     shapes = lambda batches: float(min(batches, 100))  # noqa: E731  (100 shapes, all met in the first 100 batches)
-    rules = RefitRules(None, None, 100, None, False, None, first_check=50, accumulation=1, shapes_met=shapes)
+    rules = BudgetRules(EventRule(save_steps=100), False, first_check=50, accumulation=1, shapes_met=shapes)
     plan = plan_of(max_steps=500, warmup_steps=10, save_steps=100, seconds_per_new_shape=0.1)
-    callback = TimeBudgetCallback(plan, deadline_seconds=100.0, rules=rules)
+    clock = BudgetClock(0.0, 10_000.0, now=lambda: 0.0)
+    callback = TimeBudgetCallback(plan, clock, rules)
     callback.meter.first, callback.meter.updates, callback.meter.seconds = 0, 45, 9.0  # updates 6-50: 0.2 s each
     # 45 of them met a new shape (0.1 s each): a steady update takes 0.1 s.
-    assert callback._steady_rate(50) == pytest.approx(0.1)
+    assert callback.steady_rate(50) == pytest.approx(0.1)
     # 97 s usable at 0.1 s: the 50 shapes still to come cost 5 s, so 920 updates fit, not 970.
-    assert refit(plan, rules, 50, 0.1, 100.0, 0.0, 0.0).max_steps == 50 + 920
-    no_shapes = RefitRules(None, None, 100, None, False, None, first_check=50)
-    assert refit(plan, no_shapes, 50, 0.1, 100.0, 0.0, 0.0).max_steps == 50 + 970
+    usable = BudgetClock(0.0, 100.0 + FINISHING_SECONDS, now=lambda: 0.0).seconds_left(planned=True)
+    assert refit(plan, rules, 50, 0.1, usable, 0.0, 0.0).max_steps == 50 + 920
+    no_shapes = BudgetRules(EventRule(save_steps=100), False, first_check=50)
+    assert refit(plan, no_shapes, 50, 0.1, usable, 0.0, 0.0).max_steps == 50 + 970

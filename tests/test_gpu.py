@@ -102,7 +102,8 @@ def test_the_calibration_predicts_the_trainers_seconds_per_update_within_ten_per
     """Calibrated on the run's own batch shapes (their first-update costs counted), then trained: the plan's seconds
     per update against the Trainer's own, measured apart from validation and checkpoints."""
     from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
-    from hf_vanilla_transformer.training.preparation import prepare_run
+    from hf_vanilla_transformer.training.run import prepare_run
+    from hf_vanilla_transformer.training.settings import settle
 
     recipe = ModelDataArguments(
         preset="small",
@@ -116,9 +117,9 @@ def test_the_calibration_predicts_the_trainers_seconds_per_update_within_ten_per
     args = TransformerTrainingArguments(
         output_dir=str(tmp_path / "run"), max_steps=600, save_steps=10**6, warmup_steps=100, disable_tqdm=True
     )
-    run = prepare_run(recipe, args)
+    run = prepare_run(settle(recipe, args))
     run.trainer.train()
-    planned, measured = run.plan.predicted_seconds_per_update, run.budget.meter.seconds_per_update
+    planned, measured = run.plan.predicted_seconds_per_update, run.training.budget.end().measured_seconds_per_update
     assert measured == pytest.approx(planned, rel=0.10), (planned, measured, run.plan.reasons)
 
 

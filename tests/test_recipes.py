@@ -1,22 +1,23 @@
-"""The recipes as the run reads them (training/recipes.py, arguments.py, schedule.py): the main job's recipe chosen
-by the machine, the GPU recipe's values, lists of choices honoured or refused by name (never dropped), and a
-learning rate that follows the model the planner picks (§5.3)."""
+"""The recipes as the run reads them (training/recipes.py, arguments.py, settings.py, budget/schedule.py): the main
+job's recipe chosen by the machine, the GPU recipe's values, lists of choices honoured or refused by name (never
+dropped), and a learning rate that follows the model the planner picks (§5.3)."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
 
 from hf_vanilla_transformer.training import recipes
 from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
-from hf_vanilla_transformer.training.recipes import machine_recipe, parse_arguments
-from hf_vanilla_transformer.training.schedule import lr_scale_for, peak_learning_rate
+from hf_vanilla_transformer.training.budget.schedule import learning_rate
+from hf_vanilla_transformer.training.recipes import machine_recipe, parse_run
+from hf_vanilla_transformer.training.settings import rate_rule
 
 
 def parse(tmp_path, *flags: str, recipe: str | None = "cpu"):
-    return parse_arguments(["--output_dir", str(tmp_path), *flags], default_recipe=recipe)
+    """The settled run's recipe and arguments (every check made)."""
+    settings = parse_run(["--output_dir", str(tmp_path), *flags], default_recipe=recipe)
+    return settings.recipe, settings.args
 
 
 def test_the_main_job_runs_the_gpu_recipe_where_pytorch_sees_a_cuda_device(monkeypatch):
@@ -103,42 +104,37 @@ def test_the_cpu_recipes_peak_is_named_for_2048_token_updates(tmp_path):
 def test_a_run_started_again_with_another_size_keeps_the_peaks_owner(tmp_path):
     """A switch to a larger model gives it the §5.3 rate of its width, from the peak the user named for the size
     they gave, not that peak itself."""
-    from types import SimpleNamespace
-
-    from hf_vanilla_transformer.training.run import restart_of
-
-    from conftest import plan_of
-
-    recipe, args = parse(tmp_path, "--preset_choices", "small,compact", "--peak_learning_rate", "0.002")
-    plan = plan_of(max_tokens=1024, seconds_per_update=0.5, preset="compact")
-    switch = {"preset": "small", "max_tokens": 2048, "seconds_per_update": 0.4, "accumulation": 1}
-    budget = SimpleNamespace(switch=switch, plan=plan, meter=SimpleNamespace(seconds_per_update=0.3))
-    run = SimpleNamespace(recipe=dataclasses.replace(recipe, preset="compact"), args=args, budget=budget)
-    run.trainer = SimpleNamespace(state=SimpleNamespace(global_step=200))
-    restart = restart_of(run)
-    assert restart.recipe.preset == "small" and restart.recipe.peak_learning_rate_preset == "compact"
+    flags = ("--preset", "compact", "--preset_choices", "compact,tiny", "--peak_learning_rate", "0.002")
+    settings = parse_run(["--output_dir", str(tmp_path), *flags], default_recipe="cpu")
+    switched = settings.switched_to("compact", 2048, "fp32", "sdpa", False)  # from tiny, the plan's first pick
+    assert (switched.presets, switched.token_sizes, switched.choices.precisions) == (("compact",), (2048,), ("fp32",))
+    assert switched.rate == settings.rate and settings.rate.owner_d_model == 192  # compact's: the size given
+    assert learning_rate(switched.rate, 192, 1000, 2048).peak == pytest.approx(0.002)
+    assert learning_rate(switched.rate, 32, 1000, 2048).peak == pytest.approx(0.002 * 6**0.5)  # tiny, its width
 
 
 def test_an_explicit_mixed_precision_fixes_what_auto_would_measure(tmp_path):
-    assert parse(tmp_path)[0].precision == "auto"
-    assert parse(tmp_path, "--fp16", "true")[0].precision == "fp16"  # (refused on a CPU when the plan is made)
-    assert parse(tmp_path, "--bf16", "true")[0].precision == "bf16"
-    assert parse(tmp_path, "--bf16", "false")[0].precision == "fp32"
+    parsed = lambda *flags: recipes.parse_arguments(["--output_dir", str(tmp_path), *flags], "cpu")[0]  # noqa: E731
+    assert parsed().precision == "auto"
+    assert parsed("--fp16", "true").precision == "fp16"
+    assert parsed("--bf16", "true").precision == "bf16"
+    assert parsed("--bf16", "false").precision == "fp32"
+    with pytest.raises(ValueError, match="precision='fp16' is invalid on cpu"):  # settled: refused on a CPU
+        parse(tmp_path, "--fp16", "true")
 
 
 def test_the_training_collator_makes_the_models_decoder_inputs_without_the_model():
     """Data-loading workers get a copy of the collator: it holds two token ids, not the model (on a GPU)."""
     from transformers import DataCollatorForSeq2Seq
 
-    from hf_vanilla_transformer.training.preparation import training_collator
+    from hf_vanilla_transformer.training.run_data import training_collator
 
     from conftest import reversal_task, tiny_model
 
     tokenizer, dataset = reversal_task()
     model = tiny_model(vocab_size=len(tokenizer))
     features = [dataset[i] for i in range(4)]
-    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
-    collator = training_collator(tokenizer, model, args)
+    collator = training_collator(tokenizer, model.config, torch.device("cpu"))
     assert not isinstance(collator.model, torch.nn.Module)
     ours, reference = collator(features), DataCollatorForSeq2Seq(tokenizer, model=model)(features)
     for key in ("input_ids", "labels", "decoder_input_ids"):
@@ -147,7 +143,7 @@ def test_the_training_collator_makes_the_models_decoder_inputs_without_the_model
 
 def rate(recipe: ModelDataArguments, d_model: int, warmup: int = 1000, tokens: int = 2048, nominal: int = 1000):
     args = TransformerTrainingArguments(output_dir="unused", warmup_steps=nominal, use_cpu=True)
-    return peak_learning_rate(lr_scale_for(recipe, args, warmup, tokens, d_model), d_model, warmup)
+    return learning_rate(rate_rule(recipe, args), d_model, warmup, tokens).peak
 
 
 def test_the_learning_rate_follows_the_model_the_planner_picks():
@@ -174,8 +170,9 @@ def test_a_cut_warmup_climbs_the_same_ramp_and_a_reference_batch_scales_the_rate
 
 
 def test_the_plan_line_names_the_recipe_and_the_machine(tmp_path, monkeypatch):
-    from hf_vanilla_transformer.training.planning import _where
+    from hf_vanilla_transformer.training.budget.planner import where
 
-    recipe, args = parse(tmp_path)
-    assert _where(recipe, args).startswith("recipe cpu on ") and "cores" in _where(recipe, args)
+    settings = parse_run(["--output_dir", str(tmp_path)], default_recipe="cpu")
+    line = where(settings.recipe.recipe, settings.device)
+    assert line.startswith("recipe cpu on ") and "cores" in line
     assert recipes.recipe_file("gpu").is_file() and recipes.recipe_file("gpu").parent.name == "recipes"

@@ -30,8 +30,8 @@ CHILD = textwrap.dedent(
     import json, os, signal, sys
     from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
     from hf_vanilla_transformer.training.checkpoints import latest_checkpoint
-    from hf_vanilla_transformer.training.preparation import prepare_run
-    from hf_vanilla_transformer.training.run import leave_process_group
+    from hf_vanilla_transformer.training.run import leave_process_group, prepare_run
+    from hf_vanilla_transformer.training.settings import settle
     from hf_vanilla_transformer.training.trainer import TransformerTrainer
     spec = json.loads(sys.argv[1])
     recipe = ModelDataArguments(**spec["recipe"])
@@ -54,7 +54,7 @@ CHILD = textwrap.dedent(
             if self.state.global_step == kill["step"]:
                 os.kill(os.getpid(), signal.SIGKILL)
         Seq2SeqTrainer._save_checkpoint = dying_after
-    trainer = prepare_run(recipe, args).trainer
+    trainer = prepare_run(settle(recipe, args)).trainer
     if kill and kill["where"] == "step":
         from transformers import TrainerCallback
         class Die(TrainerCallback):

@@ -25,7 +25,9 @@ from hf_vanilla_transformer.training.arguments import (
 from hf_vanilla_transformer.training.averaging import average_checkpoints, average_last_checkpoints, checkpoint_folders
 from hf_vanilla_transformer.training.callbacks import TrainingProgressCallback
 from hf_vanilla_transformer.training.choices import length_penalty_choices
-from hf_vanilla_transformer.training.preparation import build_model, prepare_run
+from hf_vanilla_transformer.training.models import build_model
+from hf_vanilla_transformer.training.run import prepare_run
+from hf_vanilla_transformer.training.settings import settle
 from hf_vanilla_transformer.training.trainer import noam_factor, noam_schedule
 
 from conftest import FIXTURES, logged_losses, run_script, tiny_model, word_tokenizer
@@ -66,9 +68,9 @@ def _save_checkpoint(model, folder: Path) -> Path:
 
 def test_flags_the_schedule_would_ignore_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"learning_rate=0.001 is not used.*--lr_scale"):
-        prepare_run(_recipe(), _args(tmp_path, learning_rate=1e-3))
+        settle(_recipe(), _args(tmp_path, learning_rate=1e-3))
     with pytest.raises(ValueError, match="lr_scheduler_type=.*cosine.* is not supported"):
-        prepare_run(_recipe(), _args(tmp_path, lr_scheduler_type="cosine"))
+        settle(_recipe(), _args(tmp_path, lr_scheduler_type="cosine"))
 
 
 def test_averaging_two_checkpoints_is_the_elementwise_mean_with_ties_kept(tmp_path):
@@ -124,7 +126,7 @@ def _args(tmp_path, **overrides) -> TransformerTrainingArguments:
 def test_a_short_run_on_a_small_slice_conditions_on_the_source(tmp_path):
     """300 updates on 200 real pairs: the model must read its source. The failure this guards against is a model
     that outputs one fluent sentence for every input (a decoder-only language model of the targets)."""
-    run = prepare_run(_recipe(), _args(tmp_path))
+    run = prepare_run(settle(_recipe(), _args(tmp_path)))
     trainer, tokenizer, corpus = run.trainer, run.tokenizer, run.corpus
     trainer.train()
     losses = logged_losses(trainer.state.log_history)
@@ -152,11 +154,11 @@ def test_a_short_run_on_a_small_slice_conditions_on_the_source(tmp_path):
 
 @pytest.mark.slow
 def test_a_saved_model_fine_tunes_on_other_pairs(tmp_path):
-    trainer = prepare_run(_recipe(), _args(tmp_path / "first", max_steps=20, save_steps=20)).trainer
+    trainer = prepare_run(settle(_recipe(), _args(tmp_path / "first", max_steps=20, save_steps=20))).trainer
     trainer.train()
     saved = tmp_path / "first" / "checkpoint-20"
     recipe = _recipe(model_name_or_path=str(saved), data_files=OTHER_40, validation_files=OTHER_40, test_files=OTHER_40)
-    run = prepare_run(recipe, _args(tmp_path / "second", max_steps=40, warmup_steps=40, logging_steps=5))
+    run = prepare_run(settle(recipe, _args(tmp_path / "second", max_steps=40, warmup_steps=40, logging_steps=5)))
     trainer, tokenizer = run.trainer, run.tokenizer
     assert trainer.model.config.vocab_size == 1000  # the saved model's vocabulary and tokenizer, not new ones
     assert tokenizer("Save")["input_ids"] == trainer.processing_class("Save")["input_ids"]
@@ -288,21 +290,15 @@ def test_the_main_jobs_recipe_averages_the_last_third_of_any_run_length(tmp_path
     """The CPU recipe file (scripts/main.py) builds both argument sets and passes the schedule checks; whatever
     length the budget fixes, its checkpoints fall so that the last five averaged cover the end of the run."""
     from hf_vanilla_transformer.training.averaging import choose_checkpoints
+    from hf_vanilla_transformer.training.budget.schedule import EventRule, event_spacing, warmup_for
     from hf_vanilla_transformer.training.recipes import parse_arguments
-    from hf_vanilla_transformer.training.schedule import schedule_for
 
     recipe, args = parse_arguments(["--output_dir", str(tmp_path)], default_recipe="cpu")
     check_schedule_arguments(args)
+    events = EventRule(recipe.checkpoints_per_run, recipe.evaluations_per_run, args.save_steps, None)
     for steps in (300, 1700, 2100, 5400):
-        warmup, save, evaluate = schedule_for(
-            steps,
-            args.warmup_steps,
-            recipe.checkpoints_per_run,
-            recipe.evaluations_per_run,
-            args.save_steps,
-            None,
-            recipe.max_warmup_fraction,
-        )
+        warmup = warmup_for(steps, args.warmup_steps, recipe.max_warmup_fraction)
+        save, evaluate = event_spacing(steps, events)
         assert warmup == min(1000, round(0.35 * steps))
         assert evaluate % save == 0  # validation where a checkpoint is written
         saved = [*range(save, steps, save), steps]

@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 from ..data.splits import CorpusError, DataFileError
+from ..training.budget.clock import BudgetError
 from ..training.checkpoints import CheckpointError
 from ..training.collapse import SourceCollapseError, collapse_message
-from ..training.planning import BudgetError
-from ..training.recipes import machine_recipe, parse_arguments
+from ..training.recipes import machine_recipe, parse_run
 from ..training.run import train_and_evaluate
 from ..utils.files import DiskFullError, is_disk_full
 from ..utils.locks import FolderInUseError
@@ -75,11 +75,11 @@ def train_from_command_line(
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     script = prog or (Path(sys.argv[0]).name if argv is None else "train")
     try:
-        recipe, args = parse_arguments(argv, default_recipe=default_recipe, defaults=defaults, prog=prog)
+        settings = parse_run(argv, default_recipe=default_recipe, defaults=defaults, prog=prog)
     except ValueError as error:
         raise SystemExit(f"{script}: {error}") from None
     try:
-        return _train_and_report(recipe, args, _command(argv, prog))
+        return _train_and_report(settings, _command(argv, prog))
     except USER_ERRORS as error:
         raise SystemExit(f"{script}: {error}") from None
     except (DiskFullError, FolderInUseError) as error:
@@ -111,18 +111,19 @@ def _command(argv: list[str] | None, prog: str | None) -> str:
     return shlex.join([*prog.split(), *(sys.argv[1:] if argv is None else argv)])
 
 
-def _train_and_report(recipe, args, command: str) -> dict | None:
+def _train_and_report(settings, command: str) -> dict | None:
+    recipe, args = settings.recipe, settings.args
     started = process_start_time()
     if args.should_save:
         what = f"the {recipe.preset!r} Transformer" if not recipe.model_name_or_path else recipe.model_name_or_path
         data = recipe.data_files or f"{recipe.dataset} {recipe.source_lang}-{recipe.target_lang}"
-        length = f"{recipe.max_minutes:g} minutes" if recipe.max_minutes and args.max_steps <= 0 else None
+        length = f"{recipe.max_minutes:g} minutes" if settings.budgeted else None
         length = length or (
             f"{args.max_steps:,} updates" if args.max_steps > 0 else f"{args.num_train_epochs:g} epochs"
         )
         source = f" (recipe {recipe.recipe})" if recipe.recipe else ""
         print(f"Training {what} on {data} for {length}{source}, into {args.output_dir}.", flush=True)
-    results = train_and_evaluate(recipe, args, command=command, started=started)
+    results = train_and_evaluate(settings, command=command, started=started)
     if results is None:  # not the main process of a multi-process launch
         return None
     test, training = results["test"], results["training"]

@@ -1,16 +1,19 @@
-"""A training run, from the command line to the model folder:
+"""A training run, from the command line to the model folder; `run.py` reads top to bottom:
 
-cli.py          scripts/train.py and scripts/main.py: parse, train, report
-recipes.py      recipe files (configs/recipes/*.yaml) as the flags' defaults
-arguments.py    the run's arguments (model, data, recipe; the paper's Adam) and every check of them
-run.py          the whole run: prepare -> train -> average -> choose alpha -> test -> results, plots, card
-preparation.py  corpus -> tokenizer -> model -> plan -> Trainer
-calibration.py  measuring an update on this machine before training
-planning.py     the run's plan (length, schedule, precision, batch and model size) from those measurements
+recipes.py      recipe files (configs/recipes/*.yaml) as the flags' defaults; `parse_run` parses and settles
+arguments.py    the run's arguments (model, data, recipe; the paper's Adam), every check, the Trainer's planned copy
+choices.py      the lists a run chooses from (sizes, batches, alphas), settled against the command line
+settings.py     the run settled once: a frozen RunSettings of every decision its arguments alone make
+run.py          the whole run: settle -> data -> plan -> Trainer -> train -> average -> alpha -> test -> folder
+run_data.py     corpus -> tokenizer -> tokenized split -> batches and their collator (PreparedData), once
+models.py       the model trained: a preset's new one, or a saved one to fine-tune
+building.py     the Trainer of a plan with its callbacks
 trainer.py      the Trainer: §5.3 schedule, token-budget batches, checkpoints marked complete
-callbacks.py    checkpoints every few minutes, the budget's deadline, the progress line
+callbacks.py    checkpoints every few minutes, the set-up clock's first update, the progress line
+collapse.py     the guard against a model that stopped using its source
 checkpoints.py  checkpoint folders and the `.complete` protocol
 averaging.py    checkpoint choice and averaging (§6.1)
 results.py      results.json
-allocator.py    the mimalloc allocator for CPU training
+budget/         the time budget: clock, calibration, the Trainer's own speed, costs, schedule, the plan and its
+                entry point, re-planning, the deadline's callback, the plan on disk (budget/__init__.py maps it)
 """

@@ -3,6 +3,7 @@ defaults on top of `Seq2SeqTrainingArguments` (`TransformerTrainingArguments`), 
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass, field
 
@@ -18,9 +19,10 @@ from .choices import budgeted, length_penalty_choices, preset_choices, token_cho
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelDataArguments:
-    """What to train and on what: model size, corpus, vocabulary, sequence limits."""
+    """What to train and on what: model size, corpus, vocabulary, sequence limits. Frozen: a run reads it as given
+    (`dataclasses.replace` makes another)."""
 
     preset: str = field(default="small", metadata={"help": f"Model size: one of {sorted(PRESETS)}."})
     preset_choices: str | None = field(
@@ -257,6 +259,38 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
             "choices": ["non_padding", "all", "no"],
         },
     )
+
+    def planned(
+        self,
+        *,
+        max_steps: int,
+        warmup_steps: int,
+        save_steps: int | None,
+        eval_steps: int | None,
+        precision: str,
+        compiled: bool,
+        accumulation: int,
+        learning_rate: float,
+    ) -> TransformerTrainingArguments:
+        """A copy of these arguments with a plan's values, what the Trainer runs: the length it runs to, the warmup,
+        the checkpoint and validation spacing (None: as given), the precision (`bf16`/`fp16` autocast, `tf32` matrix
+        products, `fp32`), the compilation, the batches per update, and the factor the §5.3 schedule multiplies
+        (`learning_rate`). These are left as given."""
+        planned = copy.copy(self)
+        planned.max_steps, planned.warmup_steps = max_steps, warmup_steps
+        if save_steps:
+            planned.save_steps = save_steps
+        if eval_steps:
+            planned.eval_steps = eval_steps
+        planned.bf16, planned.fp16 = precision == "bf16", precision == "fp16"
+        planned.mixed_precision = precision if precision in ("bf16", "fp16") else "no"
+        planned.tf32 = precision == "tf32"  # (TransformerTrainer.train applies it on CUDA)
+        planned.torch_compile = compiled
+        if compiled and planned.torch_compile_backend is None:
+            planned.torch_compile_backend = "inductor"
+        planned.gradient_accumulation_steps = accumulation
+        planned.learning_rate = learning_rate
+        return planned
 
 
 def check_schedule_arguments(args: TransformerTrainingArguments) -> None:

@@ -44,7 +44,7 @@ def checkpoint_folders(output_dir: str | Path, complete_only: bool = True) -> li
     if not complete_only:
         return [path for _, path in found]
     marked = [path for _, path in found if (path / COMPLETE).exists()]
-    if marked or (output_dir / "budget.json").exists():  # (plan_record.BUDGET_FILE: a run of this package)
+    if marked or (output_dir / "budget.json").exists():  # (budget/record.BUDGET_FILE: a run of this package)
         return marked
     return [path for _, path in found if all((path / name).exists() for name in HF_COMPLETE_MARKERS)]
 

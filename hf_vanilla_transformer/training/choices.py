@@ -4,6 +4,8 @@ GNMT alphas the validation chooses among (`length_penalty_choices`, §6.1). A Va
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..model.configuration_vanilla_transformer import PRESETS
 
 
@@ -48,13 +50,15 @@ def budgeted(recipe, args) -> bool:
 CHOICE_LISTS = {"preset_choices": "preset", "max_tokens_choices": "max_tokens"}
 
 
-def settle_choices(recipe, args, given: set[str]) -> None:
-    """The lists of choices as the run can honour them, `given` naming the flags of the command line.
+def settle_choices(recipe, args, given: set[str]):
+    """The recipe with its lists of choices as the run can honour them (a new recipe: the one given is left as it
+    is), `given` naming the flags of the command line.
 
     A list given on the command line sets the value it starts from (`--preset_choices base,small` trains base or
     small, whatever the recipe's preset); a recipe file's list gives way to a value given instead (`--preset tiny`
     over the CPU recipe trains tiny) and to a run with nothing to choose by (a given length; a saved model). A list
     given that the run cannot honour is an error naming it, never dropped."""
+    settled = {}
     for name, value_name in CHOICE_LISTS.items():
         choices = getattr(recipe, name)
         if not choices:
@@ -66,13 +70,14 @@ def settle_choices(recipe, args, given: set[str]) -> None:
                     f"--{value_name} {getattr(recipe, value_name)} and --{name} {choices} disagree: the planner starts "
                     "from the first choice; give one or the other."
                 )
-            setattr(recipe, value_name, first)  # the checks of check_run_arguments name what cannot be honoured
+            settled[value_name] = first  # the checks of check_run_arguments name what cannot be honoured
         elif (
             (value_name in given and getattr(recipe, value_name) != first)
             or not budgeted(recipe, args)
             or (name == "preset_choices" and recipe.model_name_or_path)
         ):
-            setattr(recipe, name, None)
+            settled[name] = None
+    return dataclasses.replace(recipe, **settled)
 
 
 def length_penalty_choices(recipe) -> list[float]:

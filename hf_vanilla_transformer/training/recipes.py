@@ -10,6 +10,7 @@ A recipe holds values of `ModelDataArguments` and `TransformerTrainingArguments`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -18,8 +19,9 @@ import yaml
 from transformers import HfArgumentParser
 
 from ..configs import config_files
-from .arguments import ModelDataArguments, TransformerTrainingArguments, check_run_arguments
+from .arguments import ModelDataArguments, TransformerTrainingArguments
 from .choices import settle_choices
+from .settings import RunSettings, settle
 
 
 def recipe_file(name: str | Path) -> Path:
@@ -74,7 +76,8 @@ def parse_arguments(
     """The two argument dataclasses from the command line `argv`, over the values of `--recipe` (or
     `default_recipe`), over `defaults`. An explicit `--bf16` fixes the precision that a recipe's `auto` would
     measure (`--bf16 false` on an AMX machine shows what a CPU without bf16 units gets). `prog` names the command
-    in the usage and the help (default: the script's file name)."""
+    in the usage and the help (default: the script's file name). The values are parsed, not checked: `parse_run`
+    settles them (`settings.settle`, every check)."""
     first = argparse.ArgumentParser(add_help=False)
     first.add_argument("--recipe", default=default_recipe)
     known, _ = first.parse_known_args(argv)
@@ -88,12 +91,21 @@ def parse_arguments(
     parser.set_defaults(**values)
     recipe, args = parser.parse_args_into_dataclasses(args=argv)
     given = given_flags(argv if argv is not None else sys.argv[1:])
+    changes = {}
     if "bf16" in given or "fp16" in given:  # an explicit mixed precision fixes what `auto` would measure
-        recipe.precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+        changes["precision"] = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
     if "peak_learning_rate" in given:  # the command line's peak is the run's own preset's and update size's ...
         for owner in ("peak_learning_rate_preset", "lr_reference_tokens"):
             if owner not in given:  # ... not those the recipe named for its own peak
-                setattr(recipe, owner, None)
-    settle_choices(recipe, args, given)
-    check_run_arguments(recipe, args)
-    return recipe, args
+                changes[owner] = None
+    return settle_choices(dataclasses.replace(recipe, **changes), args, given), args
+
+
+def parse_run(
+    argv: list[str] | None = None,
+    default_recipe: str | None = None,
+    defaults: dict | None = None,
+    prog: str | None = None,
+) -> RunSettings:
+    """The run of the command line `argv` (see `parse_arguments`), settled: a ValueError names a bad value."""
+    return settle(*parse_arguments(argv, default_recipe, defaults, prog))

@@ -4,14 +4,14 @@ the test scores and a few translations. The model card is rendered from it (`sha
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..utils.machine import describe_machine
+from .budget.deadline import TrainingEnd
+from .budget.schedule import updates_per_epoch
 from .checkpoints import checkpoint_step
-from .preparation import PreparedRun
 
 
 @dataclass
@@ -39,119 +39,78 @@ def describe_parameters(model) -> str:
     return f"{count / 1e6:.2f}M" if count >= 1e5 else f"{count / 1e3:.1f}k"
 
 
-def epochs_for(max_steps: int, trainer) -> float:
-    """Epochs of the training split in `max_steps` updates (every process takes its share of the batches)."""
-    args = trainer.args
-    per_epoch = max(1, math.ceil(len(trainer.batch_sampler) / (args.gradient_accumulation_steps * args.world_size)))
-    return max_steps / per_epoch
-
-
-def run_results(run: PreparedRun, model, outcome: RunOutcome) -> dict:
-    """The `results.json` of a finished run (see the module docstring)."""
+def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunOutcome) -> dict:
+    """The `results.json` of a finished run (see the module docstring): `settings` the settled run, `data` its
+    prepared data, `training` its Trainer and callbacks, `end` how training ended."""
     results = {
-        "name": Path(run.args.output_dir).name,
+        "name": Path(settings.output_dir).name,
         "parameters": describe_parameters(model),
         "model": model.config.to_dict(),
-        "data": _data(run),
-        "recipe": requested(run.recipe, run.args),
-        "training": _training(run, outcome),
-        "plan": _plan(run),
-        "setup": run.clock.stages,
+        "data": _data(data, settings.corpus_name, len(training.trainer.train_dataset)),
+        "recipe": settings.asked(),
+        "training": _training(training.trainer, end.measured_seconds_per_update, end.plan.precision, outcome),
+        "plan": {
+            **end.plan.to_dict(),
+            # the update time it planned beside the one the Trainer measured (validation and checkpoint pauses apart)
+            "measured_seconds_per_update": end.measured_seconds_per_update,
+            "stopped_early_at": end.stopped_early_at,
+            "ended_by": _ended_by(end.stopped_early_at, end.capped_by_epochs, training.source_check),
+        },
+        "setup": data.clock.stages,
         "averaged_checkpoints": [path.name for path in outcome.averaged],
-        "test": _test(run, outcome),
+        "test": _test(outcome, settings.recipe.test_beams),
         "examples": [
             {"source": source, "reference": reference, "translation": hypothesis}
             for source, reference, hypothesis in list(
                 zip(outcome.sources, outcome.references, outcome.hypotheses, strict=True)
             )[: outcome.examples]
         ],
-        "hardware": describe_machine(run.trainer.args.device),
+        "hardware": describe_machine(training.trainer.args.device),
         "command": outcome.command,
         "wall_seconds": time.time() - outcome.started,
     }
     if outcome.alpha_choice:
         results["length_penalty_choice"] = outcome.alpha_choice
-    if run.source_check is not None:
-        results["source_check"] = run.source_check.record()
+    if training.source_check is not None:
+        results["source_check"] = training.source_check.record()
     return results
 
 
-def requested(recipe, args) -> dict:
-    """What the user asked for (recipe file and flags), before any plan: the sizes, the batch and its choices, the
-    schedule, the precision and attention (`auto` where the plan measures them), the length."""
-    return {
-        "preset": recipe.preset,
-        "preset_choices": recipe.preset_choices,
-        "max_tokens": recipe.max_tokens,
-        "max_tokens_choices": recipe.max_tokens_choices,
-        "gradient_accumulation_steps": args.gradient_accumulation_steps,
-        "tokens_per_update": recipe.tokens_per_update,
-        "lr_scale": recipe.lr_scale,
-        "peak_learning_rate": recipe.peak_learning_rate,
-        "peak_learning_rate_preset": recipe.peak_learning_rate_preset,
-        "lr_reference_tokens": recipe.lr_reference_tokens,
-        "compile_training": recipe.compile_training,
-        "warmup_steps": args.warmup_steps,
-        "max_length": recipe.max_length,
-        "seed": args.seed,
-        "precision": recipe.precision or ("bf16" if args.bf16 else "fp32"),
-        "attn_implementation": recipe.attn_implementation,
-        "recipe_file": recipe.recipe,
-        "max_minutes": recipe.max_minutes,
-        "max_steps": args.max_steps,
-    }
-
-
-def _plan(run: PreparedRun) -> dict:
-    """The plan as the run ended it (re-planned lengths included), with the update time it planned beside the one
-    the Trainer measured (validation and checkpoint pauses apart), and where the deadline stopped it, if it did."""
-    budget = run.budget
-    return {
-        **budget.plan.to_dict(),
-        "measured_seconds_per_update": budget.meter.seconds_per_update,
-        "stopped_early_at": budget.stopped_early_at,
-        "ended_by": _ended_by(run),
-    }
-
-
-def _ended_by(run: PreparedRun) -> str:
+def _ended_by(stopped_early_at: int | None, capped_by_epochs: bool, check) -> str:
     """Why training ended: "source collapse" (the source check stopped it), "deadline" (the budget's), "epochs" (the
     epoch cap bound before the budget: the run ends early), else "updates" (the length planned or given)."""
-    check = run.source_check
     if check is not None and check.collapsed_at is not None and check.mode == "stop":
         return "source collapse"
-    budget = run.budget
-    if budget.stopped_early_at is not None:
+    if stopped_early_at is not None:
         return "deadline"
-    rules = budget.rules
-    if rules is not None and rules.max_epochs is not None and budget.plan.max_steps >= rules.max_updates:
-        return "epochs"
-    return "updates"
+    return "epochs" if capped_by_epochs else "updates"
 
 
-def _data(run: PreparedRun) -> dict:
-    recipe, corpus = run.recipe, run.corpus
-    test = corpus["test"] if "test" in corpus else corpus["validation"]
+def _data(data, name: dict, train_pairs: int) -> dict:
+    """The corpus as named (`name`: the dataset and its languages) and as read: its pairs, the lines skipped."""
+    corpus = data.corpus
     return {
-        "dataset": "local files" if recipe.data_files else recipe.dataset,
-        "source_lang": recipe.source_lang,
-        "target_lang": recipe.target_lang,
-        "train_pairs": len(run.trainer.train_dataset),
+        **name,
+        "train_pairs": train_pairs,
         "validation_pairs": len(corpus["validation"]) if "validation" in corpus else 0,
-        "test_pairs": len(test),
+        "test_pairs": data.test_pairs,
         # local files: the lines of each that were no sentence pair, by reason (data/corpora.py)
-        "skipped_lines": run.clock.stages.get("corpus", {}).get("skipped_lines", {}),
+        "skipped_lines": data.clock.stages.get("corpus", {}).get("skipped_lines", {}),
     }
 
 
-def _training(run: PreparedRun, outcome: RunOutcome) -> dict:
-    trainer = run.trainer
+def _training(trainer, update_seconds: float | None, precision: str, outcome: RunOutcome) -> dict:
+    """What training did: its updates and epochs, the `precision` it ran in (whatever chose it: the plan, a flag,
+    the recipe), its seconds, its last loss, the target tokens per second of the Trainer's own updates
+    (`update_seconds` each)."""
     steps = trainer.state.global_step
     trained = steps - (checkpoint_step(outcome.resumed_at) if outcome.resumed_at else 0)
-    update_seconds = run.budget.meter.seconds_per_update
+    args = trainer.args
+    per_epoch = updates_per_epoch(len(trainer.batch_sampler), args.gradient_accumulation_steps, args.world_size)
     return {
         "steps": steps,
-        "epochs": epochs_for(steps, trainer),
+        "epochs": steps / per_epoch,
+        "precision": precision,
         "seconds": outcome.train_seconds,
         "seconds_per_update": outcome.train_seconds / max(1, trained),
         "final_loss": next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
@@ -165,7 +124,7 @@ def _training(run: PreparedRun, outcome: RunOutcome) -> dict:
     }
 
 
-def _test(run: PreparedRun, outcome: RunOutcome) -> dict:
+def _test(outcome: RunOutcome, beams: int) -> dict:
     scores = outcome.scores
     return {
         "bleu": scores["score"],
@@ -174,7 +133,7 @@ def _test(run: PreparedRun, outcome: RunOutcome) -> dict:
         "chrf_signature": scores["chrf_signature"],
         "tokenized_bleu": scores.get("tokenized_bleu"),
         "pairs": len(outcome.sources),
-        "beams": run.recipe.test_beams,
+        "beams": beams,
         "decode_seconds": outcome.decode_seconds,
         "length_penalty": outcome.length_penalty,
     }

@@ -1,12 +1,19 @@
-"""A whole training run, as `scripts/train.py` and `scripts/main.py` start it: prepare (corpus, tokenizer, model, plan,
-Trainer), train, average the last checkpoints (§6.1), choose the GNMT α on the validation split, translate the test
-split with the paper's beam search, and leave a complete model folder with `results.json`, plots and a model card.
+"""A whole training run, as `scripts/train.py` and `scripts/main.py` start it, top to bottom:
+
+1. settle: the recipe and flags as one frozen `RunSettings` (`settings.settle`; the caller's, before any work);
+2. data: corpus, tokenizer, tokenized training split, batches (`run_data.prepare_data`), once;
+3. plan: the model of the first choice and the plan (`budget.planner.make_plan`: measured to fit the budget, or
+   the one a checkpoint recorded);
+4. Trainer: the plan's model, arguments and callbacks (`building.build_trainer`);
+5. train, acting on what the budget's callback returns: a switch to another choice goes back to 3 with the same
+   data (once at most);
+6. average the last checkpoints (§6.1), 7. choose the GNMT alpha on the validation split (§6.1), 8. translate the
+   test split with the paper's beam search, 9. leave a complete model folder: `results.json`, plots, a model card.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import logging
 import shutil
@@ -26,15 +33,19 @@ from ..utils.distributed import main_process_value
 from ..utils.faults import moment
 from ..utils.files import disk_full, folder_bytes, is_disk_full, write_json_atomically
 from ..utils.locks import FolderInUseError, folder_lock
-from .arguments import ModelDataArguments, TransformerTrainingArguments
+from ..utils.stages import SetupClock
 from .averaging import average_last_checkpoints
-from .calibration import Measurement, Timing
+from .budget.clock import BudgetClock
+from .budget.deadline import TrainingEnd
+from .budget.planner import make_plan
+from .budget.record import remove_plan
+from .budget.replanning import Switch
+from .building import Training, build_trainer
 from .checkpoints import checkpoint_folders, checkpoint_step, latest_checkpoint, validate_checkpoint
-from .choices import length_penalty_choices
-from .plan_record import remove_plan, write_plan
-from .preparation import PreparedRun, prepare_run
+from .models import build_model
 from .results import RunOutcome, run_results
-from .run_data import PreparedData
+from .run_data import PreparedData, prepare_data
+from .settings import RunSettings
 
 
 logger = logging.getLogger(__name__)
@@ -46,29 +57,25 @@ def plot_sentence(sources: list[str]) -> str:
 
 
 def train_and_evaluate(
-    recipe: ModelDataArguments,
-    args: TransformerTrainingArguments,
-    command: str = "",
-    examples: int = 5,
-    started: float | None = None,
+    settings: RunSettings, command: str = "", examples: int = 5, started: float | None = None
 ) -> dict | None:
     """Train, average the last checkpoints, evaluate on the test split with beam search, and leave a complete model
-    folder in `args.output_dir`: weights, config, generation config, tokenizer, remote-code files, `results.json`,
-    `training_log.json`, plots and a `README.md` model card. Resumes from the newest complete checkpoint of the
-    folder. Under several processes all of them train; the main process does the rest and returns the results,
-    the others return None. A time budget (`max_minutes`) counts from `started` (`time.time()`; the scripts pass
-    their process's start, interpreter start-up included), else from this call: a notebook or a test session that
-    calls it has been running for longer than the run.
+    folder in the output folder: weights, config, generation config, tokenizer, remote-code files, `results.json`,
+    `training_log.json`, plots and a `README.md` model card, for the settled run `settings` (`settings.settle`).
+    Resumes from the newest complete checkpoint of the folder. Under several processes all of them train; the main
+    process does the rest and returns the results, the others return None. A time budget (`max_minutes`) counts
+    from `started` (`time.time()`; the scripts pass their process's start, interpreter start-up included), else
+    from this call: a notebook or a test session that calls it has been running for longer than the run.
     """
     started = time.time() if started is None else started
-    with _run_lock(args):
-        results = _train_and_evaluate(recipe, args, command, examples, started)
+    with _run_lock(settings.args):
+        results = _train_and_evaluate(settings, command, examples, started)
     leave_process_group()  # after the trainer is gone: see leave_process_group
     return results
 
 
 @contextmanager
-def _run_lock(args: TransformerTrainingArguments):
+def _run_lock(args):
     """The output folder's lock (utils/locks.py), held by the main process for the whole run; every process stops
     with the main process's error where another run holds it."""
     with contextlib.ExitStack() as stack:
@@ -84,160 +91,180 @@ def _run_lock(args: TransformerTrainingArguments):
         yield
 
 
-def _train_and_evaluate(
-    recipe: ModelDataArguments, args: TransformerTrainingArguments, command: str, examples: int, started: float
-) -> dict | None:
+def _train_and_evaluate(settings: RunSettings, command: str, examples: int, started: float) -> dict | None:
+    args = settings.args
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    clock = BudgetClock.starting(started, settings.max_minutes)
     # The main process picks the checkpoint to resume from and every process takes the same one (on several
     # machines, output_dir must be storage they share: only the main process writes checkpoints).
     resume = main_process_value(args.resume_from_checkpoint or latest_checkpoint(args.output_dir))
     if resume:
         validate_checkpoint(resume)
         logger.info("resuming from %s", resume)
-    run = prepare_run(recipe, args, resume=resume, started=started)
-    if args.should_save:
-        print(f"Plan: {run.plan.summary()}.", flush=True)
+    # 2. The data, once.
+    data = prepare_data(settings, clock, SetupClock(started, rank=args.process_index))
+    # 3-5. Plan, Trainer, train; a switch to another choice goes back to the plan with the same data.
     train_started = time.time()
-    if resume is not None and checkpoint_step(resume) >= run.plan.max_steps:
-        # Killed after its last update (while averaging or writing the folder): nothing is left to train (the
-        # Trainer would take one more update), the state is the checkpoint's.
-        run.trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
-    else:
-        run.trainer.train(resume_from_checkpoint=resume)
-    if run.budget.switch is not None:  # the first updates proved the calibrated choice wrong: start again
-        restart, data = restart_of(run), run.data
-        run.trainer.accelerator.free_memory()
-        del run  # the first model and Trainer go before the second are built (the data stays)
+    training = prepare_training(settings, data, clock, resume)
+    end = train(training, resume)
+    if end.switch is not None:
+        settings = settings.switched_to(
+            end.switch.preset, end.switch.max_tokens, end.switch.precision, end.switch.attention, end.switch.compiled
+        )
+        training.trainer.accelerator.free_memory()
+        training = None  # the first model and Trainer go before the second are built (the data stays)
         gc.collect()
-        run = start_again(restart, started, data)
-        run.trainer.train()
+        _forget_first_choice(args)
+        training = prepare_training(settings, data, clock, restart=end.switch)
+        end = train(training)
     train_seconds = time.time() - train_started
     if not args.should_save:
         # Averaging, the test decoding and the model folder are the main process's work; the others are done.
         return None
     outcome = RunOutcome(started, train_seconds, resumed_at=resume, command=command, examples=examples)
-    return finish_run(run, outcome)
+    return finish_run(settings, data, training, end, outcome)
+
+
+def prepare_training(
+    settings: RunSettings,
+    data: PreparedData,
+    clock: BudgetClock,
+    resume: str | None = None,
+    restart: Switch | None = None,
+) -> Training:
+    """3. The plan, with the model of its choice, and 4. its Trainer: the plan the checkpoint `resume` recorded where
+    given, else made to fit the budget (the choice `restart` a first run switched to, where given)."""
+    recipe, seed = settings.recipe, settings.args.seed
+    with data.clock.stage("model"):
+        model = build_model(recipe, data.tokenizer, settings.presets[0], seed=seed)
+    with data.clock.stage("plan"):
+        budgeted = make_plan(
+            settings,
+            data,
+            model,
+            clock,
+            resume,
+            restart,
+            build=lambda preset: build_model(recipe, data.tokenizer, preset),
+        )
+        if budgeted.plan.preset and budgeted.plan.preset != settings.presets[0]:  # the plan chose another size
+            model = build_model(recipe, data.tokenizer, budgeted.plan.preset, seed=seed)
+    training = build_trainer(settings, budgeted, model, data, clock)
+    if settings.args.should_save:
+        print(f"Plan{', started again' if restart else ''}: {budgeted.plan.summary()}.", flush=True)
+    return training
+
+
+def train(training: Training, resume: str | None = None) -> TrainingEnd:
+    """5. Training, from the checkpoint `resume` where given; how it ended, as the budget's callback says."""
+    trainer, plan = training.trainer, training.budget.plan
+    if resume is not None and checkpoint_step(resume) >= plan.max_steps:
+        # Killed after its last update (while averaging or writing the folder): nothing is left to train (the
+        # Trainer would take one more update), the state is the checkpoint's.
+        trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))
+    else:
+        trainer.train(resume_from_checkpoint=resume)
+    return training.budget.end()
 
 
 @dataclass
-class Restart:
-    """What a run started again with another choice needs of the first: the user's recipe, the switched one, the
-    arguments, the update time the Trainer measured (applied to the switch's calibration), what it switched from."""
+class PreparedRun:
+    """A run ready to train, for a notebook or a test: its settings, its data, its Trainer and the plan it holds."""
 
-    asked: ModelDataArguments
-    recipe: ModelDataArguments
-    args: TransformerTrainingArguments
-    known: Measurement
-    switched_from: dict
+    settings: RunSettings
+    data: PreparedData
+    training: Training
 
+    @property
+    def trainer(self):
+        return self.training.trainer
 
-def restart_of(run: PreparedRun) -> Restart:
-    """The restart the budget callback's switch asks for: its preset and batch size, the first run's precision and
-    attention, its time known rather than measured again."""
-    switch, previous = run.budget.switch, run.budget.plan
-    recipe = dataclasses.replace(
-        run.recipe,
-        preset=switch["preset"],
-        preset_choices=None,
-        max_tokens=switch["max_tokens"],
-        max_tokens_choices=None,
-        precision=previous.precision,
-        attn_implementation=previous.attn_implementation,
-        compile_training="always" if previous.torch_compile else "never",
-        # the peak keeps its owner: the size the user named it for, not the one switched to
-        peak_learning_rate_preset=run.recipe.peak_learning_rate_preset or run.recipe.preset,
-    )
-    known = Measurement(
-        previous.precision,
-        previous.attn_implementation,
-        previous.torch_compile,
-        per_size={switch["max_tokens"]: Timing(switch["seconds_per_update"] / switch["accumulation"])},
-        reasons=[f"{previous.precision}, {previous.attn_implementation} attention, as calibrated"],
-    )
-    switched_from = {
-        "preset": previous.preset,
-        "max_tokens": previous.max_tokens,
-        "calibrated_seconds_per_update": previous.seconds_per_update,
-        "measured_seconds_per_update": run.budget.meter.seconds_per_update,
-        "at": run.trainer.state.global_step,
-    }
-    return Restart(run.recipe, recipe, run.args, known, switched_from)
+    @property
+    def plan(self):
+        return self.training.budget.plan
+
+    @property
+    def tokenizer(self):
+        return self.data.tokenizer
+
+    @property
+    def corpus(self):
+        return self.data.corpus
 
 
-def start_again(restart: Restart, started: float, data: PreparedData) -> PreparedRun:
-    """The new run of `restart`, with the rest of the budget: a new model, plan and Trainer on the `data` already
-    prepared. The first run saved nothing (a switch comes before the first checkpoint); its plan is replaced, the
-    switch recorded in the new one."""
-    args = restart.args
-    if args.should_save:  # the first choice's plan and any checkpoint of it (a timed save) are not ones to keep
+def prepare_run(settings: RunSettings, started: float | None = None, resume: str | None = None) -> PreparedRun:
+    """Steps 2 to 4 of a run (data, plan, Trainer), ready for `train(run.training)`; its budget counts from
+    `started` (default: now)."""
+    started = time.time() if started is None else started
+    Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
+    clock = BudgetClock.starting(started, settings.max_minutes)
+    data = prepare_data(settings, clock, SetupClock(started, rank=settings.args.process_index))
+    return PreparedRun(settings, data, prepare_training(settings, data, clock, resume))
+
+
+def _forget_first_choice(args) -> None:
+    """The first choice's plan and any checkpoint of it (a timed save) removed: they are not ones to keep (a switch
+    comes before the first spaced checkpoint)."""
+    if args.should_save:
         remove_plan(args.output_dir)
         for folder in checkpoint_folders(args.output_dir, complete_only=False):
             shutil.rmtree(folder)
     main_process_value(None)  # every process waits until they are gone
-    again = prepare_run(restart.recipe, args, started=started, known=restart.known, data=data)
-    again.budget.plan = dataclasses.replace(again.budget.plan, switched_from=restart.switched_from)
-    if args.should_save:
-        write_plan(args.output_dir, again.budget.plan)
-        print(f"Plan, started again: {again.plan.summary()}.", flush=True)
-    return dataclasses.replace(again, recipe=restart.asked)  # results.json records what the user asked for
 
 
-def finish_run(run: PreparedRun, outcome: RunOutcome) -> dict:
-    """The main process's work after training: average, choose alpha, score the test split, write the folder. The
-    folder is complete once `results.json` is there (written last); killed before, the same command does it all
-    again from the last checkpoint. A device that fills up is named (`DiskFullError`)."""
+def finish_run(
+    settings: RunSettings, data: PreparedData, training: Training, end: TrainingEnd, outcome: RunOutcome
+) -> dict:
+    """The main process's work after training: 6. average, 7. choose alpha, 8. score the test split, 9. write the
+    folder. The folder is complete once `results.json` is there (written last); killed before, the same command does
+    it all again from the last checkpoint. A device that fills up is named (`DiskFullError`)."""
+    recipe, trainer, output_dir = settings.recipe, training.trainer, Path(settings.output_dir)
+    with _full_device_named(output_dir, outcome):
+        # The model's files are written again below: a results.json of an earlier run (a finished run started
+        # again, or given more updates) no longer marks the folder complete until this run writes its own.
+        (output_dir / "results.json").unlink(missing_ok=True)
+        # 6. Average the last checkpoints into the model folder (§6.1).
+        model, outcome.averaged = average_last_checkpoints(
+            output_dir, output_dir, recipe.average_last, recipe.average_window, trainer.state.log_history
+        )
+        data.tokenizer.save_pretrained(output_dir)
+        model.to(trainer.args.device)
+        moment("model-folder", output_dir)
+        # 7. The GNMT alpha of the beam search, chosen on the validation pairs where the recipe asks for it (§6.1).
+        decode_started = time.time()
+        outcome.alpha_choice = choose_alpha(
+            list(settings.alphas), model, data.tokenizer, data.corpus, recipe.max_eval_samples, recipe.test_beams
+        )
+        if outcome.alpha_choice is not None:  # the model folder keeps the chosen alpha
+            model.generation_config.length_penalty = outcome.alpha_choice["chosen"]
+            model.generation_config.save_pretrained(output_dir)
+        # 8. Test BLEU with the paper's beam search.
+        outcome.sources, outcome.references = list(data.test["source"]), list(data.test["target"])
+        outcome.scores, outcome.hypotheses = evaluate_translations(
+            model, data.tokenizer, outcome.sources, outcome.references, num_beams=recipe.test_beams
+        )
+        outcome.decode_seconds = time.time() - decode_started
+        outcome.length_penalty = model.generation_config.length_penalty
+        # 9. Log, plots, card, and results.json last: the mark of a complete folder.
+        results = run_results(settings, data, training, end, model, outcome)
+        log = trainer.state.log_history
+        write_json_atomically(output_dir / "training_log.json", {"log_history": log})
+        plots = write_run_plots(model, data.tokenizer, log, output_dir / "plots", plot_sentence(outcome.sources))
+        write_model_card(output_dir, results, plots=[str(path.relative_to(output_dir)) for path in plots])
+        write_json_atomically(output_dir / "results.json", results)
+    return results
+
+
+@contextmanager
+def _full_device_named(output_dir: Path, outcome: RunOutcome):
+    """A device that fills up while the model folder is written, named with the space the folder needs."""
     try:
-        return _finish_run(run, outcome)
+        yield
     except Exception as error:
-        if not is_disk_full(error, run.args.output_dir):
+        if not is_disk_full(error, output_dir):
             raise
         needed = 3 * folder_bytes(Path(outcome.averaged[-1])) // 2 if outcome.averaged else None
-        raise disk_full(run.args.output_dir, needed, "the model folder") from error
-
-
-def _finish_run(run: PreparedRun, outcome: RunOutcome) -> dict:
-    recipe, trainer, output_dir = run.recipe, run.trainer, Path(run.args.output_dir)
-    # The model's files are written again below: a results.json of an earlier run (a finished run started again, or
-    # given more updates) no longer marks the folder complete until this run writes its own.
-    (output_dir / "results.json").unlink(missing_ok=True)
-    # 1. Average the last checkpoints into the model folder (§6.1).
-    model, outcome.averaged = average_last_checkpoints(
-        output_dir,
-        output_dir,
-        last=recipe.average_last,
-        window=recipe.average_window,
-        log_history=trainer.state.log_history,
-    )
-    run.tokenizer.save_pretrained(output_dir)
-    model.to(trainer.args.device)
-    moment("model-folder", output_dir)
-
-    # 2. The GNMT alpha of the beam search, chosen on the validation pairs where the recipe asks for it (§6.1).
-    decode_started = time.time()
-    alphas = length_penalty_choices(recipe)
-    outcome.alpha_choice = choose_alpha(
-        alphas, model, run.tokenizer, run.corpus, recipe.max_eval_samples, recipe.test_beams
-    )
-    if outcome.alpha_choice is not None:  # the model folder keeps the chosen alpha
-        model.generation_config.length_penalty = outcome.alpha_choice["chosen"]
-        model.generation_config.save_pretrained(output_dir)
-
-    # 3. Test BLEU with the paper's beam search.
-    test = run.corpus["test"] if "test" in run.corpus else run.corpus["validation"]
-    outcome.sources, outcome.references = list(test["source"]), list(test["target"])
-    outcome.scores, outcome.hypotheses = evaluate_translations(
-        model, run.tokenizer, outcome.sources, outcome.references, num_beams=recipe.test_beams
-    )
-    outcome.decode_seconds = time.time() - decode_started
-    outcome.length_penalty = model.generation_config.length_penalty
-
-    # 4. Log, plots, card, and results.json last: the mark of a complete folder.
-    results = run_results(run, model, outcome)
-    log = trainer.state.log_history
-    write_json_atomically(output_dir / "training_log.json", {"log_history": log})
-    plots = write_run_plots(model, run.tokenizer, log, output_dir / "plots", plot_sentence(outcome.sources))
-    write_model_card(output_dir, results, plots=[str(path.relative_to(output_dir)) for path in plots])
-    write_json_atomically(output_dir / "results.json", results)
-    return results
+        raise disk_full(output_dir, needed, "the model folder") from error
 
 
 def leave_process_group() -> None:

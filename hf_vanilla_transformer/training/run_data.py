@@ -1,18 +1,17 @@
 """The data of a training run, prepared once and shared by the plan, the Trainer and a run that starts again with
 another choice: the corpus (validation and test pairs held out of a lone training file), the tokenizer (made once
 per launch: the model's own, an interrupted run's, or the shared BPE learned on a capped sample), the training split
-tokenized once per machine, and its token-budget batch samplers."""
+tokenized once per machine, its token-budget batch samplers, and the collator of its batches."""
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from datasets import DatasetDict
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, DataCollatorForSeq2Seq, PreTrainedTokenizerFast
 
 from ..data.batching import BatchSamplers
 from ..data.cache import SCRATCH, cache_root
@@ -20,12 +19,12 @@ from ..data.corpora import hold_out, load_corpus
 from ..data.pipeline import learn_tokenizer, length_chunks, tokenize_corpus, tokenized_folder, tokenizer_to_text
 from ..data.splits import CorpusError
 from ..data.tokenizer import wrap_tokenizer
+from ..model.modeling_vanilla_transformer import shift_tokens_right
 from ..utils.distributed import main_process_value, result_or_error
 from ..utils.machine import release_mapped_pages
 from ..utils.stages import SetupClock
-from .arguments import ModelDataArguments, TransformerTrainingArguments
-from .choices import budgeted
-from .planning import BudgetError
+from .budget.clock import BudgetClock
+from .budget.device import pad_multiple
 
 
 logger = logging.getLogger(__name__)
@@ -44,19 +43,90 @@ class PreparedData:
     batches: BatchSamplers
     clock: SetupClock
 
+    @property
+    def test(self):
+        """The test split (the validation split where a corpus has none)."""
+        return self.corpus["test"] if "test" in self.corpus else self.corpus["validation"]
 
-def prepare_data(
-    recipe: ModelDataArguments, args: TransformerTrainingArguments, output_dir: Path, clock: SetupClock
-) -> PreparedData:
+    @property
+    def test_pairs(self) -> int:
+        return len(self.corpus["test"]) if "test" in self.corpus else len(self.corpus.get("validation", []))
+
+    @property
+    def validation_pairs(self) -> int | None:
+        """The validation pairs evaluated during training (None: no validation split)."""
+        return len(self.evaluation) if self.evaluation is not None else None
+
+    def collator(self, config, device) -> DataCollatorForSeq2Seq:
+        """The collator of the training batches for a model of `config` on `device` (`training_collator`)."""
+        return training_collator(self.tokenizer, config, device)
+
+    def sample_batches(self, max_tokens: int, count: int, taken: set, multiple: int) -> list[list[int]]:
+        """`count` batches of `max_tokens` (index lists), of shapes (lengths rounded up to `multiple`) not in `taken`
+        where the corpus has enough (added to it); a small corpus has too few shapes for each to be new."""
+        sampler = self.batches.of(max_tokens)
+        chosen = sampler.shape_sample(count, multiple, taken)
+        if len(chosen) < count:
+            chosen += sampler.shape_sample(count - len(chosen), multiple)
+        return chosen
+
+    def collate(self, batches: list[list[int]], collator) -> list[dict]:
+        """The training rows of each index batch, collated."""
+        return [collator([{k: self.train[i][k] for k in ("input_ids", "labels")} for i in batch]) for batch in batches]
+
+    def epoch_batches(self, max_tokens: int) -> int:
+        """The batches of `max_tokens` in an epoch of the training split."""
+        return len(self.batches.of(max_tokens))
+
+    def shapes_met(self, max_tokens: int, batches: int, multiple: int) -> float:
+        """The distinct batch shapes among the first `batches` batches of `max_tokens` (each costs its first update
+        more: `calibration.Timing`)."""
+        return self.batches.of(max_tokens).shapes_met(batches, multiple)
+
+
+def training_collator(tokenizer, config, device) -> DataCollatorForSeq2Seq:
+    """The collator of the training batches, the calibration's and the Trainer's, for a model of `config` on
+    `device`: padded to the longest of each side (to a multiple of 8 on CUDA: `device.pad_multiple`), the decoder
+    inputs made from the labels. It holds the model's two token ids, not the model: data-loading workers get a
+    copy of it."""
+    multiple = pad_multiple(device)
+    shifter = DecoderInputs(config.pad_token_id, config.decoder_start_token_id)
+    return DataCollatorForSeq2Seq(tokenizer, model=shifter, pad_to_multiple_of=multiple if multiple > 1 else None)
+
+
+@dataclass(frozen=True)
+class DecoderInputs:
+    """What `DataCollatorForSeq2Seq` asks of a model: the decoder inputs of a batch's labels, shifted right (§3.1)."""
+
+    pad_token_id: int
+    decoder_start_token_id: int
+
+    def prepare_decoder_input_ids_from_labels(self, labels):
+        return shift_tokens_right(labels, self.pad_token_id, self.decoder_start_token_id)
+
+
+def prepare_data(settings, budget: BudgetClock, clock: SetupClock) -> PreparedData:
     """The corpus read and the training split tokenized once per machine (the machine's first process does it, the
-    others read the cache), the tokenizer made once per launch, the batches cut from the length columns."""
+    others read the cache), the tokenizer made once per launch, the batches cut from the length columns; the set-up
+    stopped as soon as it has spent the whole `budget`."""
+    recipe, args = settings.recipe, settings.args
+    output_dir = Path(settings.output_dir)
     with clock.stage("corpus") as facts:
-        corpus = _load_corpus(recipe, args)
+        # Each machine's first process fetches or reads the corpus into the cache, then the others read it instead
+        # of racing it to the same files.
+        with args.main_process_first(local=True, desc="corpus"):
+            files = (recipe.data_files, recipe.validation_files, recipe.test_files)
+            languages = (recipe.source_lang, recipe.target_lang)
+            corpus = _read_corpus(recipe.dataset, languages, files, recipe.data_cache_dir, recipe.wmt14_dir)
         facts["skipped_lines"] = corpus.skipped_lines
-    check_budget_left(recipe, args, clock)
+    budget.check_setup(clock.stages)
     with clock.stage("tokenizer"):
-        tokenizer = build_tokenizer(recipe, args, corpus["train"], output_dir)
-    check_budget_left(recipe, args, clock)
+        if recipe.model_name_or_path:
+            tokenizer = AutoTokenizer.from_pretrained(recipe.model_name_or_path)
+        else:
+            bpe = (recipe.vocab_size, recipe.scale_vocab_to_corpus, recipe.bpe_sample_pairs, recipe.data_cache_dir)
+            tokenizer = launch_tokenizer(corpus["train"], output_dir, bpe, args.process_index, args.should_save)
+    budget.check_setup(clock.stages)
     with clock.stage("tokenize") as facts:
         with args.main_process_first(local=True, desc="tokenizing"):
             folder = tokenized_folder(corpus["train"], tokenizer, recipe.max_length, recipe.data_cache_dir)
@@ -68,25 +138,27 @@ def prepare_data(
     with clock.stage("lengths and batches") as facts:
         scratch = cache_root(recipe.data_cache_dir) / SCRATCH
         batches = BatchSamplers(length_chunks(encoded["train"]), args.seed, scratch)
-        facts["batches"] = len(batches.of(recipe.max_tokens))
+        facts["batches"] = len(batches.of(settings.token_sizes[0]))
         # What the set-up read of the corpus and its tokenization (file headers, length columns) is unmapped: the
         # first update maps the pages of its own rows only.
         release_mapped_pages()
-    check_budget_left(recipe, args, clock)
+    budget.check_setup(clock.stages)
     held_out = DatasetDict({name: split for name, split in corpus.items() if name != "train"})
-    return PreparedData(held_out, tokenizer, encoded["train"], _validation_split(recipe, encoded), batches, clock)
+    evaluation = encoded.get("validation")
+    if evaluation is not None and recipe.max_eval_samples is not None:
+        evaluation = evaluation.select(range(min(recipe.max_eval_samples, len(evaluation))))
+    return PreparedData(held_out, tokenizer, encoded["train"], evaluation, batches, clock)
 
 
-def build_tokenizer(recipe: ModelDataArguments, args: TransformerTrainingArguments, train, output_dir: Path):
-    """The model's own tokenizer when fine-tuning; else the one of an interrupted run in `output_dir`; else the
-    shared BPE of the training split (§5.1, `data.pipeline.learn_tokenizer`: a capped sample, cached). The main
-    process makes it and hands it to the others as text, so that no process learns it again and no machine needs
-    to see the main one's files; the main process saves it in `output_dir/tokenizer`."""
-    if recipe.model_name_or_path:
-        return AutoTokenizer.from_pretrained(recipe.model_name_or_path)
+def launch_tokenizer(train, output_dir: Path, bpe: tuple, rank: int, saves: bool):
+    """The tokenizer of a new model: the one of an interrupted run in `output_dir`, else the shared BPE of the
+    training split (§5.1, `data.pipeline.learn_tokenizer(train, *bpe)`: its vocabulary size, whether it is scaled to
+    the corpus, the pairs it samples, the cache folder; cached). The main process (`rank` 0)
+    makes it and hands it to the others as text, so that no process learns it again and no machine needs to see the
+    main one's files; the main process (`saves`) saves it in `output_dir/tokenizer`."""
     tokenizer, text = None, None
-    if args.process_index == 0:
-        tokenizer = result_or_error(_main_tokenizer, recipe, args, train, output_dir)
+    if rank == 0:
+        tokenizer = result_or_error(_main_tokenizer, bpe, train, output_dir, saves)
         text = tokenizer if isinstance(tokenizer, Exception) else tokenizer_to_text(tokenizer)
     text = main_process_value(text)
     if isinstance(text, Exception):  # the main process failed: every process stops with its error
@@ -94,7 +166,7 @@ def build_tokenizer(recipe: ModelDataArguments, args: TransformerTrainingArgumen
     return tokenizer if tokenizer is not None else wrap_tokenizer(Tokenizer.from_str(text))
 
 
-def _main_tokenizer(recipe: ModelDataArguments, args: TransformerTrainingArguments, train, output_dir: Path):
+def _main_tokenizer(bpe: tuple, train, output_dir: Path, saves: bool):
     """The main process's tokenizer: the interrupted run's, else the shared BPE (cached); saved for resuming."""
     saved = output_dir / "tokenizer"
     tokenizer = None
@@ -104,59 +176,28 @@ def _main_tokenizer(recipe: ModelDataArguments, args: TransformerTrainingArgumen
         except Exception as error:  # damaged (a disk that filled up, a copy cut short): the BPE is made again
             logger.warning("%s cannot be read (%s): the tokenizer is made again", saved, str(error).splitlines()[0])
     if tokenizer is None:
-        tokenizer = learn_tokenizer(
-            train,
-            recipe.vocab_size,
-            recipe.scale_vocab_to_corpus,
-            recipe.bpe_sample_pairs,
-            cache_dir=recipe.data_cache_dir,
-        )
-    if args.should_save:
+        vocab_size, scaled, sample_pairs, cache_dir = bpe
+        tokenizer = learn_tokenizer(train, vocab_size, scaled, sample_pairs, cache_dir=cache_dir)
+    if saves:
         tokenizer.save_pretrained(saved)
     return tokenizer
 
 
-def _load_corpus(recipe: ModelDataArguments, args: TransformerTrainingArguments) -> DatasetDict:
-    """The corpus, with validation and test pairs held out of the training split where none are given; each
-    machine's first process fetches or reads it into the cache, then the others read it instead of racing it to
-    the same files."""
-    with args.main_process_first(local=True, desc="corpus"):
-        try:
-            corpus = load_corpus(
-                recipe.dataset,
-                recipe.source_lang,
-                recipe.target_lang,
-                recipe.data_files,
-                recipe.validation_files,
-                recipe.test_files,
-                recipe.data_cache_dir,
-                recipe.wmt14_dir,
-                carve=True,  # a lone training file's held-out pairs carved as it is cached
-            )
-        except (ValueError, UnicodeDecodeError) as error:  # a bad file or language: one line naming it
-            raise CorpusError(str(error)) from error
+def _read_corpus(dataset: str, languages: tuple, files: tuple, cache_dir, wmt14_dir) -> DatasetDict:
+    """The corpus (`data.corpora.load_corpus` of `dataset`, the (source, target) `languages`, the (training,
+    validation, test) `files`), with validation and test pairs held out of the training split where none are given;
+    a bad file or language in one line naming it (`CorpusError`)."""
+    try:
+        corpus = load_corpus(
+            dataset,
+            *languages,
+            *files,
+            cache_dir,
+            wmt14_dir,
+            carve=True,  # a lone training file's held-out pairs
+        )
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CorpusError(str(error)) from error
     held_out = hold_out(corpus)
     held_out.skipped_lines = getattr(corpus, "skipped_lines", {})  # (local files: the lines that were no pair)
     return held_out
-
-
-def _validation_split(recipe: ModelDataArguments, encoded: DatasetDict):
-    """The validation pairs evaluated during training (at most `max_eval_samples`), or None."""
-    evaluation = encoded.get("validation")
-    if evaluation is not None and recipe.max_eval_samples is not None:
-        evaluation = evaluation.select(range(min(recipe.max_eval_samples, len(evaluation))))
-    return evaluation
-
-
-def check_budget_left(recipe: ModelDataArguments, args: TransformerTrainingArguments, clock: SetupClock) -> None:
-    """Stop a budgeted run as soon as its set-up has spent the whole budget, naming what it took (the planner would
-    find no time left, but only after the rest of the set-up)."""
-    if not budgeted(recipe, args):
-        return
-    spent = time.time() - clock.started
-    if spent >= recipe.max_minutes * 60:
-        stages = ", ".join(f"{name} {facts['seconds']:.0f} s" for name, facts in clock.stages.items())
-        raise BudgetError(
-            f"max_minutes={recipe.max_minutes:g} leaves no time to train: the set-up alone took {spent / 60:.1f} min "
-            f"({stages}); give more minutes (the set-up is faster from the data cache)."
-        )

@@ -27,9 +27,9 @@ from ..model.inputs_vanilla_transformer import without_host_reads
 from ..utils.faults import moment
 from ..utils.files import disk_full, folder_bytes, is_disk_full
 from ..utils.machine import release_mapped_pages
+from .budget.device import tf32_matmuls
 from .checkpoints import checkpoint_folders, mark_complete
 from .collapse import source_dependence
-from .device import tf32_matmuls
 
 
 logger = logging.getLogger(__name__)

@@ -11,12 +11,12 @@ def is_distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def main_process_decides(flag: bool, args=None) -> bool:
-    """The main process's `flag`, in every process (a collective: every process must call it at the same point);
-    `args` (TrainingArguments) names the device the collective runs on."""
+def main_process_decides(flag: bool, device=None) -> bool:
+    """The main process's `flag`, in every process (a collective: every process must call it at the same point) on
+    `device` (the one the processes train on; default: the CPU)."""
     if not is_distributed():
         return flag
-    tensor = torch.tensor([int(flag)], device=args.device if args is not None else "cpu")
+    tensor = torch.tensor([int(flag)], device=device if device is not None else "cpu")
     torch.distributed.broadcast(tensor, src=0)
     return bool(tensor.item())
 

@@ -16,7 +16,7 @@ The clock is read the way the Trainer pays:
    once (`once`: a compilation's first graphs);
 4. a candidate that fails (out of memory, a kernel the GPU lacks) is left out, with the reason.
 
-`planning.py` counts the shapes a run meets from its own batches, so the figures predict the Trainer's time. Every
+`planner.py` counts the shapes a run meets from its own batches, so the figures predict the Trainer's time. Every
 measurement runs on copies of the model, which is left untouched where it is, as is the global random state: the run
 itself is exactly the one `--max_steps N` would give with the same N.
 """
@@ -34,9 +34,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
-from transformers.utils import is_flash_attn_2_available
 
-from .device import check_precision, device_precisions, forward_context, synchronizer, tf32_matmuls, training_device
+from .device import forward_context, synchronizer, tf32_matmuls
 
 
 # A compiled training step is measured only where the run has this many minutes of training or more (or a given
@@ -90,106 +89,99 @@ class Measurement:
         return (self.precision, self.attention, self.compiled)
 
 
-def open_choices(recipe, args, device: torch.device) -> tuple[list[str], list[str | None], list[bool]]:
-    """The precisions, attention implementations and compilations to measure on `device` (one each where the recipe
-    fixed them)."""
-    if recipe.precision == "auto":
-        precisions = device_precisions(device)
-    else:
-        precisions = [recipe.precision or ("bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")]
-        check_precision(precisions[0], device)
-    if recipe.attn_implementation == "auto":
-        attentions = ["eager", "sdpa"]
-        if device.type == "cuda":
-            flash = is_flash_attn_2_available() and torch.cuda.get_device_capability(device)[0] >= 8
-            attentions += ["flex_attention", *(["flash_attention_2"] if flash else [])]
-    else:
-        attentions = [recipe.attn_implementation]
-    return precisions, attentions, compile_choices(recipe, args, device)
-
-
 def runs_in(precision: str, attention: str | None) -> bool:
     """Whether `attention` runs in `precision`: flash attention has 16-bit kernels only."""
     return attention != "flash_attention_2" or precision in ("bf16", "fp16")
 
 
-def compile_choices(recipe, args, device: torch.device) -> list[bool]:
-    """Whether the training step is compiled (`compile_training`; `--torch_compile true` is "always"): "auto"
-    measures both on a CUDA device where the run trains for at least `COMPILE_AFTER_MINUTES` (a run of a given
-    length: `COMPILE_AFTER_UPDATES`), else stays eager."""
-    choice = "always" if args.torch_compile else recipe.compile_training
-    if choice != "auto":
-        return [choice == "always"]
-    if args.max_steps > 0:
-        long_enough = args.max_steps >= COMPILE_AFTER_UPDATES
-    else:
-        long_enough = recipe.max_minutes is None or recipe.max_minutes >= COMPILE_AFTER_MINUTES
-    return [False, True] if device.type == "cuda" and long_enough else [False]
+@dataclass(frozen=True)
+class UpdateChoices:
+    """What the calibration may choose among for an update (one of each where the recipe fixed it), and which of
+    them the recipe left to measure (`precision_open`, `compile_open`: "auto")."""
+
+    precisions: tuple[str, ...]
+    attentions: tuple[str | None, ...]
+    compiles: tuple[bool, ...]
+    precision_open: bool = False
+    compile_open: bool = False
+
+    @property
+    def fixed(self) -> bool:
+        return len(self.precisions) * len(self.attentions) * len(self.compiles) == 1
 
 
-def measure_choices(
-    recipe,
-    args,
-    model: torch.nn.Module,
-    sample_batches: Callable[[int, int, set], list[dict]],
-    sizes: list[int],
-    measure_all: bool,
-    fixed: Candidate | None = None,
-    rank: Callable[[Timing, int], float] | None = None,
-) -> Measurement:
-    """Every precision, attention and compilation the recipe leaves open (the candidate `fixed` where given)
-    measured on real batches of the largest size `sizes[0]` (`sample_batches(max_tokens, count, taken)`: that many
-    collated batches of shapes not in the set `taken`, to which it adds them; on copies of `model`), then the chosen
-    one at the other sizes;
-    nothing is measured where nothing is open and no budget asks for a time (`measure_all` False).
-    `rank(timing, max_tokens)` orders the candidates, lowest first (default: the steady time; a budget ranks by the
-    updates each fits, new shapes paid). A ValueError names the failures where no candidate could run."""
-    device = training_device(args)
-    if fixed is not None:
-        precisions, attentions, compiles = [fixed[0]], [fixed[1]], [fixed[2]]
-    else:
-        precisions, attentions, compiles = open_choices(recipe, args, device)
-    if not measure_all and len(precisions) * len(attentions) * len(compiles) == 1:
-        return Measurement(precisions[0], attentions[0], compiles[0])
-    rank = rank or (lambda timing, size: timing.steady)
-    optimizer = trainer_optimizer(args)
-    mode = getattr(args, "torch_compile_mode", None)
+@dataclass(frozen=True)
+class Calibration:
+    """How a run's updates are measured on its device: the `choices` open, `sample_batches(max_tokens, count,
+    taken)` (that many collated batches of that size, of shapes not in the set `taken`, to which it adds them), the
+    optimizer the Trainer will build (`trainer_optimizer`) and the compile mode."""
 
-    taken: dict[int, set] = {}  # the shapes this model has met, per batch size: each candidate gets its own
+    choices: UpdateChoices
+    device: torch.device
+    sample_batches: Callable[[int, int, set], list[dict]]
+    optimizer: Callable
+    compile_mode: str | None = None
 
-    def measure(size: int, candidates: list[Candidate]) -> dict[str, Timing]:
-        batches = sample_batches(size, SAMPLE_BATCHES * len(candidates), taken.setdefault(size, set()))
-        batches = [{k: v.to(device) for k, v in batch.items()} for batch in batches]
-        return measure_updates(model, batches, candidates, optimizer, device, compile_mode=mode, shared=False)
+    def batches(self, size: int, count: int, taken: set) -> list[dict]:
+        """`count` real batches of `size` on the device, of shapes not in `taken`."""
+        return [{k: v.to(self.device) for k, v in batch.items()} for batch in self.sample_batches(size, count, taken)]
 
-    timings: dict[str, Timing] = {}
+    def measure(
+        self,
+        model: torch.nn.Module,
+        sizes: list[int],
+        *,
+        every_size: bool,
+        fixed: Candidate | None = None,
+        rank: Callable[[Timing, int], float] | None = None,
+    ) -> Measurement:
+        """Every precision, attention and compilation the choices leave open (the candidate `fixed` where given)
+        measured on copies of `model` with real batches of the largest size `sizes[0]`, then, with `every_size`, the
+        chosen one at the other sizes; nothing is measured where nothing is open and no budget asks for a time
+        (`every_size` False). `rank(timing, max_tokens)` orders the candidates, lowest first (default: the steady
+        time; a budget ranks by the updates each fits, new shapes paid). A ValueError names the failures where no
+        candidate could run."""
+        lists = ([fixed[0]], [fixed[1]], [fixed[2]]) if fixed is not None else self.choices_lists()
+        if not every_size and len(lists[0]) * len(lists[1]) * len(lists[2]) == 1:
+            return Measurement(lists[0][0], lists[1][0], lists[2][0])
+        rank = rank or (lambda timing, size: timing.steady)
+        taken: dict[int, set] = {}  # the shapes this model has met, per batch size: each candidate gets its own
+        timings: dict[str, Timing] = {}
 
-    def best(candidates: list[Candidate]) -> Candidate:
-        candidates = [c for c in candidates if runs_in(c[0], c[1])]
-        missing = [c for c in candidates if candidate_key(*c) not in timings]
-        if missing and (len(candidates) > 1 or measure_all):
-            timings.update(measure(sizes[0], missing))
-        if len(candidates) == 1:
-            return candidates[0]
-        choice = min(candidates, key=lambda c: rank(timings[candidate_key(*c)], sizes[0]))
-        if timings[candidate_key(*choice)].failure:
-            failures = "; ".join(f"{candidate_key(*c)}: {timings[candidate_key(*c)].failure}" for c in candidates)
-            raise ValueError(f"no training update runs on {device}: {failures}.")
-        return choice
+        def measure(size: int, candidates: list[Candidate]) -> dict[str, Timing]:
+            batches = self.batches(size, SAMPLE_BATCHES * len(candidates), taken.setdefault(size, set()))
+            return measure_updates(
+                model, batches, candidates, self.optimizer, self.device, compile_mode=self.compile_mode, shared=False
+            )
 
-    chosen = _staged(precisions, attentions, compiles, best)
-    measurement = Measurement(*chosen)
-    measurement.reasons = _choice_reasons(recipe, device, precisions, attentions, compiles, timings, chosen)
-    measurement.measured = {f"{name}@{sizes[0]}": t.steady for name, t in timings.items() if not t.failure}
-    key = candidate_key(*chosen)
-    if key in timings:
-        measurement.per_size[sizes[0]] = timings[key]
-    for size in sizes[1:] if measure_all else []:
-        measurement.per_size[size] = measure(size, [chosen])[key]
-        measurement.measured[f"{key}@{size}"] = measurement.per_size[size].steady
-    if True in compiles:
-        torch._dynamo.reset()  # the copies' graphs go: the Trainer's compile starts afresh, within dynamo's limits
-    return measurement
+        def best(candidates: list[Candidate]) -> Candidate:
+            candidates = [c for c in candidates if runs_in(c[0], c[1])]
+            missing = [c for c in candidates if candidate_key(*c) not in timings]
+            if missing and (len(candidates) > 1 or every_size):
+                timings.update(measure(sizes[0], missing))
+            if len(candidates) == 1:
+                return candidates[0]
+            choice = min(candidates, key=lambda c: rank(timings[candidate_key(*c)], sizes[0]))
+            if timings[candidate_key(*choice)].failure:
+                failures = "; ".join(f"{candidate_key(*c)}: {timings[candidate_key(*c)].failure}" for c in candidates)
+                raise ValueError(f"no training update runs on {self.device}: {failures}.")
+            return choice
+
+        chosen = _staged(*lists, best)
+        key = candidate_key(*chosen)
+        measurement = Measurement(*chosen, reasons=_choice_reasons(self.choices, self.device, lists, timings, chosen))
+        measurement.measured = {f"{name}@{sizes[0]}": t.steady for name, t in timings.items() if not t.failure}
+        if key in timings:
+            measurement.per_size[sizes[0]] = timings[key]
+        for size in sizes[1:] if every_size else []:
+            measurement.per_size[size] = measure(size, [chosen])[key]
+            measurement.measured[f"{key}@{size}"] = measurement.per_size[size].steady
+        if True in lists[2]:
+            torch._dynamo.reset()  # the copies' graphs go: the Trainer's compile starts afresh, within dynamo's limits
+        return measurement
+
+    def choices_lists(self) -> tuple[list[str], list[str | None], list[bool]]:
+        return list(self.choices.precisions), list(self.choices.attentions), list(self.choices.compiles)
 
 
 def _staged(precisions, attentions, compiles, best: Callable[[list[Candidate]], Candidate]) -> Candidate:
@@ -365,21 +357,21 @@ def measure_checkpoint_seconds(model: torch.nn.Module) -> float:
         return time.perf_counter() - began
 
 
-def _choice_reasons(recipe, device, precisions, attentions, compiles, timings, chosen: Candidate) -> list[str]:
+def _choice_reasons(choices: UpdateChoices, device, lists, timings, chosen: Candidate) -> list[str]:
     """The choices in words: each open one with its time against the others measured."""
+    precisions, attentions, compiles = lists
     precision, attention, compiled = chosen
 
     def against(name: str, others: list[Candidate], label: Callable[[Candidate], str]) -> str:
         mine = timings[candidate_key(*chosen)]
         measured = {key for key, timing in timings.items() if not timing.failure}
         rest = [c for c in others if c != chosen and candidate_key(*c) in measured]
-        text = f"{name}: {_seconds(mine)} per update against " + ", ".join(
+        return f"{name}: {_seconds(mine)} per update against " + ", ".join(
             f"{_seconds(timings[candidate_key(*c)])} {label(c)}" for c in rest
         )
-        return text
 
     reasons = [f"{key} left out: {timing.failure}" for key, timing in timings.items() if timing.failure]
-    if recipe.precision == "auto" and len(precisions) == 1 and device.type == "cpu":
+    if choices.precision_open and len(precisions) == 1 and device.type == "cpu":
         reasons.append("fp32: no bf16 matrix units in this CPU (AMX or AVX512-BF16)")
     elif len(precisions) > 1:
         reasons.append(against(precision, [(p, attention, compiled) for p in precisions], lambda c: f"in {c[0]}"))
@@ -394,7 +386,7 @@ def _choice_reasons(recipe, device, precisions, attentions, compiles, timings, c
         reasons.append(
             against(name, [(precision, attention, c) for c in compiles], lambda c: "compiled" if c[2] else "eager")
         )
-    elif recipe.compile_training == "auto" and device.type == "cuda" and not compiled:
+    elif choices.compile_open and device.type == "cuda" and not compiled:
         reasons.append(
             f"an eager training step (a compiled one is measured in runs of {COMPILE_AFTER_MINUTES}+ minutes)"
         )

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..utils.files import write_json_atomically
-from .planning import BudgetPlan
+from ...utils.files import write_json_atomically
+from .plan import BudgetPlan
 
 
 BUDGET_FILE = "budget.json"
-CALLBACK = "TimeBudgetCallback"  # the budget callback's class: its name keys its state in a checkpoint
+CALLBACK = "TimeBudgetCallback"  # the budget callback's class (deadline.py): its name keys its state in a checkpoint
 
 
 def write_plan(output_dir: str | Path, plan: BudgetPlan, at: str = "plan") -> None:
@@ -22,11 +22,6 @@ def write_plan(output_dir: str | Path, plan: BudgetPlan, at: str = "plan") -> No
 
 def remove_plan(output_dir: str | Path) -> None:
     (Path(output_dir) / BUDGET_FILE).unlink(missing_ok=True)
-
-
-def plan_state(plan: BudgetPlan) -> dict:
-    """The budget callback's state in a checkpoint (`ExportableState`): the arguments that rebuild it."""
-    return {"args": {"plan": plan.to_dict()}, "attributes": {}}
 
 
 def recorded_plan(output_dir: str | Path, checkpoint: str | Path | None) -> BudgetPlan | None:

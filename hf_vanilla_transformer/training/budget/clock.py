@@ -1,0 +1,62 @@
+"""The budget's clock: when the run started, how long it may take, and the one formula of the time left to train.
+
+Every part of a budgeted run that asks how much time is left (the set-up's check, the plan, the calibration's
+ranking, the deadline, the re-plans, a switch to another choice) asks `BudgetClock.seconds_left`, with the margins
+named here: what finishing the folder takes, what starting again costs, and the share of the rest that is planned
+into (the noise of a shared machine).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+FINISHING_SECONDS = 30.0  # averaging, the model folder, plots and card: after the test decoding
+RESTART_SECONDS = 20.0  # what starting again with another choice costs (the data is cached): a model, a Trainer
+SAFETY = 0.97  # of the training time left, planned into: the rest is for the noise of a shared machine
+
+
+class BudgetError(ValueError):
+    """A time budget that leaves no time to train on this machine; the message says how much set-up took."""
+
+
+@dataclass(frozen=True)
+class BudgetClock:
+    """A run's budget of `seconds` (None: no budget), counted from `origin` on the monotonic clock `now`."""
+
+    origin: float
+    seconds: float | None
+    now: Callable[[], float] = field(default=time.monotonic, compare=False)
+
+    @classmethod
+    def starting(cls, started: float, minutes: float | None) -> BudgetClock:
+        """The clock of a budget of `minutes` that started at `started` (time.time(): a process's start, interpreter
+        start-up included)."""
+        origin = time.monotonic() - max(0.0, time.time() - started)
+        return cls(origin, minutes * 60 if minutes is not None else None)
+
+    def spent(self) -> float:
+        return self.now() - self.origin
+
+    def seconds_left(self, decode_seconds: float = 0.0, restart: bool = False, planned: bool = False) -> float:
+        """The training seconds left: the budget less what is spent, the test decoding still to come
+        (`decode_seconds`), `FINISHING_SECONDS`, and `RESTART_SECONDS` for a run that starts again; with `planned`,
+        the `SAFETY` share of that (never below 0) that a plan fills. Without a budget: infinite."""
+        if self.seconds is None:
+            return math.inf
+        left = self.seconds - self.spent() - decode_seconds - FINISHING_SECONDS - (RESTART_SECONDS if restart else 0.0)
+        return max(0.0, left) * SAFETY if planned else left
+
+    def check_setup(self, stages: dict) -> None:
+        """A BudgetError once the set-up (`stages`: the set-up clock's, with their seconds) has spent the whole
+        budget, naming what it took: the planner would find no time left, but only after the rest of the set-up."""
+        if self.seconds_left() > 0:
+            return
+        spent = ", ".join(f"{name} {facts['seconds']:.0f} s" for name, facts in stages.items())
+        raise BudgetError(
+            f"max_minutes={self.seconds / 60:g} leaves no time to train: the set-up alone took {self.spent() / 60:.1f} "
+            f"min ({spent}); give more minutes (the set-up is faster from the data cache)."
+        )

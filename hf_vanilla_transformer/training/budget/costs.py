@@ -1,0 +1,143 @@
+"""What the parts of a budgeted run cost, from the time of an update measured on the machine: the test decoding, a
+validation's passes, the first update of each new batch shape, and how many updates fit the time left once those are
+paid for. The plan (`plan.py`) and its re-plans (`replanning.py`) count with the same figures (`BudgetRules`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .schedule import EventRule
+
+
+# One model of what decoding costs, for the plan and its re-plans. A greedy sentence costs about as much as training
+# on this many tokens per side (an update's time over its tokens per batch): 12.7 ms a sentence at 0.26 s per
+# 1,024-token update on a 2-core Xeon without AMX in fp32 (50), 14.7 ms at 0.37 s per 2,048-token update on a Zen 5
+# EPYC in bf16 (81).
+GREEDY_TOKENS_PER_SENTENCE = 47
+# A sentence with 4 beams, against a greedy one, as the main job meets it (the choice of alpha and the test split,
+# 1,752 beam-4 sentences, against the run's last validation): 2.33 and 2.88 on the Xeon (2026-11-25; 51.7 s and
+# 63.8 s); 1.7 on the Zen 5 (2026-11-26; 43.5 s). Beam 4 from greedy's 47 tokens: 141, as 1,152 test sentences
+# measured from the update's time (132 and 140 on EPYCs in fp32, 137 on a Xeon with AMX in bf16, 94 on a slower EPYC).
+# Above the largest: a prediction too long ends a run a few seconds early, one too short ends it late.
+BEAM4_PER_GREEDY = 3.0
+
+
+def decode_cost(beams: int) -> float:
+    """What a sentence decoded with `beams` beams costs, in greedy sentences."""
+    return 1.0 if beams <= 1 else BEAM4_PER_GREEDY * beams / 4
+
+
+def decode_seconds(sentences: int, beams: int, seconds_per_update: float, tokens_per_update: int) -> float:
+    """Predicted time to translate `sentences` with `beams` beams, from the time of an update of
+    `tokens_per_update` tokens per side of the same model on the same machine."""
+    greedy = GREEDY_TOKENS_PER_SENTENCE * seconds_per_update / tokens_per_update
+    return sentences * greedy * decode_cost(beams)
+
+
+def validation_loss_seconds(pairs: int, seconds_per_update: float, source_check: bool) -> float:
+    """The loss passes of a validation over `pairs` pairs (batches of 64 pairs, each about a tenth of an update):
+    the Trainer's, and with the source check (collapse.py) the real and the shuffled sources' again."""
+    return (3 if source_check else 1) * pairs / 640 * seconds_per_update
+
+
+def updates_that_fit(
+    seconds: float,
+    seconds_per_update: float,
+    checkpoints: int = 0,
+    seconds_per_checkpoint: float = 0.0,
+    validations: int = 0,
+    seconds_per_validation: float = 0.0,
+    first_costs: Callable[[int], float] | None = None,
+) -> int:
+    """How many updates fit `seconds` of training, once `checkpoints` saves and `validations` passes are paid for
+    (their number is fixed per run: their spacing grows with the run), and what `first_costs(updates)` adds to that
+    many updates (new batch shapes: it grows with the updates, so the largest that fits is searched for)."""
+    if seconds_per_update <= 0:
+        raise ValueError(f"seconds_per_update={seconds_per_update} is invalid; expected a positive measured time.")
+    left = seconds - checkpoints * seconds_per_checkpoint - validations * seconds_per_validation
+    most = max(0, math.floor(left / seconds_per_update))
+    if first_costs is None:
+        return most
+    low, high = 0, most  # the time of n updates grows with n: the largest n whose time fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        if middle * seconds_per_update + first_costs(middle) <= left:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+@dataclass(frozen=True)
+class BudgetRules:
+    """What a budgeted run counts with beside an update's time: its events (`EventRule`) and whether it validates,
+    the held-out work to predict (the validation pairs, the sentences decoded after training: the test pairs and
+    the validation pairs once per alpha), the updates a choice must reach and the epoch cap; and, once planned, the
+    chosen update's room to re-plan into (`max_updates`), the first check, its batches per update and the distinct
+    batch shapes met among so many batches (`shapes_met`; None: not counted)."""
+
+    events: EventRule
+    validates: bool
+    validation_pairs: int = 0
+    test_sentences: int = 0
+    test_beams: int = 4
+    validation_beams: int = 1
+    source_check: bool = False
+    min_updates: int | None = None
+    max_epochs: float | None = None
+    max_updates: int | None = None
+    first_check: int = 200
+    accumulation: int = 1
+    shapes_met: Callable[[int], float] | None = None
+
+    @property
+    def checkpoints(self) -> int:
+        return self.events.checkpoints_per_run or 0
+
+    @property
+    def validations(self) -> int:
+        return (self.events.evaluations_per_run or 0) if self.validates else 0
+
+    def test_decode_seconds(self, seconds_per_update: float, tokens_per_update: int) -> float:
+        """The test decoding (with the choice of alpha) predicted from an update's time."""
+        return decode_seconds(self.test_sentences, self.test_beams, seconds_per_update, tokens_per_update)
+
+    def validation_seconds(self, seconds_per_update: float, tokens_per_update: int) -> float:
+        """One validation (its decoding and its loss passes) predicted from an update's time; 0 where none come."""
+        if not self.validations:
+            return 0.0
+        pairs = self.validation_pairs
+        decoding = decode_seconds(pairs, self.validation_beams, seconds_per_update, tokens_per_update)
+        return decoding + validation_loss_seconds(pairs, seconds_per_update, self.source_check)
+
+    def first_costs(self, per_shape: float, since: int, until: int) -> float:
+        """What the new batch shapes met from update `since` to update `until` add to their steady time, at
+        `per_shape` seconds each."""
+        if not per_shape or self.shapes_met is None or until <= since:
+            return 0.0
+        return per_shape * (self.shapes_met(until * self.accumulation) - self.shapes_met(since * self.accumulation))
+
+    def predicted_decode_seconds(
+        self,
+        validation_seconds: float,
+        seconds_per_update: float,
+        source_check_seconds: float | None = None,
+        prediction_seconds: float | None = None,
+    ) -> float:
+        """The test decoding (and the choice of alpha) predicted from a validation pass on this machine: its
+        decoding of `validation_pairs` pairs with `validation_beams` beams, scaled to `test_sentences` decoded with
+        `test_beams` beams by their relative cost per sentence (`decode_cost`). The decoding is the Trainer's
+        prediction steps less their loss (`prediction_seconds`, where measured; a loss pass costs about one of the
+        source check's two), else the whole pass less its loss passes."""
+        if prediction_seconds is not None and source_check_seconds is not None:
+            decoding = prediction_seconds - 0.5 * source_check_seconds
+        elif source_check_seconds is not None:
+            decoding = validation_seconds - 1.5 * source_check_seconds
+        else:
+            decoding = validation_seconds - validation_loss_seconds(
+                self.validation_pairs, seconds_per_update, self.source_check
+            )
+        per_sentence = max(0.0, decoding) / max(1, self.validation_pairs)
+        return self.test_sentences * per_sentence * decode_cost(self.test_beams) / decode_cost(self.validation_beams)

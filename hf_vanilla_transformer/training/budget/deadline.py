@@ -1,0 +1,258 @@
+"""The budget's callback: the one owner of a budgeted run's deadline, its re-plans and its checkpoint spacing.
+
+After each update and each validation it decides, as typed values: a new plan (`Replan`: a new length, or the test
+decoding predicted anew), a stop at the deadline (`Stop`), a start again with another choice (`replanning.Switch`).
+It acts on the Trainer's state and control for the first two; the run (`training/run.py`) reads how training ended
+from `TimeBudgetCallback.end()` (a `TrainingEnd`) and acts on a switch. Every process takes the main process's
+decisions, at the same update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+from ...utils.distributed import main_process_decides, main_process_value
+from ...utils.faults import moment
+from .clock import BudgetClock
+from .costs import BudgetRules
+from .plan import BudgetPlan
+from .record import write_plan
+from .replanning import CHANGE_AT_LEAST, Switch, UpdateMeter, better_candidate, refit
+from .schedule import events_due, near_the_end
+
+
+logger = logging.getLogger(__name__)
+
+NEVER = 2**62  # a spacing of events that never comes
+
+
+@dataclass(frozen=True)
+class Replan:
+    """The plan from now on: a re-fitted length (`change`, the entry recorded in its `replans`) or, with `change`
+    None, only the test decoding predicted anew."""
+
+    plan: BudgetPlan
+    change: dict | None = None
+
+    def describe(self) -> str:
+        change, new = self.change or {}, self.plan
+        validation = f", validation every {new.eval_steps:,}" if new.eval_steps else ""
+        return (
+            f"re-planned after {change.get('after')}: {change.get('seconds_per_update', float('nan')):.3f} s per update "
+            f"measured ({new.seconds_per_update or float('nan'):.3f} s planned): {change.get('was', 0):,} -> "
+            f"{new.max_steps:,} updates, a checkpoint every {new.save_steps:,}{validation}"
+        )
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The deadline passed at update `at`: training stops there, saved."""
+
+    at: int
+
+
+@dataclass(frozen=True)
+class TrainingEnd:
+    """How training ended: the plan as it ended (re-plans included), the Trainer's own seconds per update (validation
+    and checkpoint pauses, warm updates and new shapes apart), where the deadline stopped it, the choice to start
+    again with (a switch: no checkpoint was kept), and whether the epoch cap bound before the budget."""
+
+    plan: BudgetPlan
+    measured_seconds_per_update: float | None = None
+    stopped_early_at: int | None = None
+    switch: Switch | None = None
+    capped_by_epochs: bool = False
+
+
+class TimeBudgetCallback(TrainerCallback, ExportableState):
+    """The budgeted run's length (see the module docstring): carries the plan into every checkpoint's trainer
+    state, re-plans the length from the run's own updates (`replanning.py`: after `rules.first_check` updates and
+    after every validation), spaces its checkpoints and validations from the last one (`schedule.events_due`), and
+    stops the run at its deadline should the machine turn slower than it measured: the run then ends early, saved,
+    rather than late. A callback without a `clock` (a given length, or a resumed run rebuilt from its checkpoint
+    with the plan alone, whose budget was spent by the interrupted run) keeps its plan's length and spacing."""
+
+    def __init__(self, plan: BudgetPlan | dict, clock: BudgetClock | None = None, rules: BudgetRules | None = None):
+        self.plan = plan if isinstance(plan, BudgetPlan) else BudgetPlan.from_dict(plan)  # (dict: from a checkpoint)
+        self.clock = clock if clock is not None and clock.seconds is not None else None
+        self.rules = rules if self.clock is not None else None
+        self.meter = UpdateMeter(clock=self.clock.now) if self.clock is not None else UpdateMeter()
+        self.stopped_early_at: int | None = None
+        self.switch: Switch | None = None
+        self.checked = False  # the first check done
+        self.last_save = self.last_evaluation = 0  # the updates of the last checkpoint and validation
+        self.device = None  # the Trainer's (its processes decide together on it)
+        self.record_to: str | None = None  # the folder of budget.json (the main process's)
+
+    def state(self) -> dict:
+        """What a checkpoint carries of the callback (`ExportableState`): the plan that rebuilds it
+        (`record.recorded_plan` reads it back)."""
+        return {"args": {"plan": self.plan.to_dict()}, "attributes": {}}
+
+    def end(self) -> TrainingEnd:
+        rules = self.rules
+        capped = rules is not None and rules.max_epochs is not None and self.plan.max_steps >= rules.max_updates
+        return TrainingEnd(self.plan, self.meter.seconds_per_update, self.stopped_early_at, self.switch, capped)
+
+    # --- the Trainer's events ------------------------------------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.device, self.record_to = args.device, args.output_dir if args.should_save else None
+        # The Trainer runs to an upper bound (schedule.trainer_max_steps); the plan's length is the one that counts.
+        self._apply(state)
+        self.meter.start(state.global_step)
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        moment("update")
+        self.meter.step(state.global_step)
+        if self.rules is not None:
+            since = (state.global_step - self.last_save, state.global_step - self.last_evaluation)
+            plan, validates = self.plan, self.rules.validates
+            due = events_due(state.global_step, state.max_steps, *since, plan.save_steps, plan.eval_steps, validates)
+            control.should_save, control.should_evaluate = (
+                control.should_save or due[0],
+                control.should_evaluate or due[1],
+            )
+        for decision in self.after_update(state):
+            self._act(decision, state, control)
+        return control
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        seconds = self.meter.pause("validation")
+        self.last_evaluation = state.global_step
+        finished = control.should_training_stop or state.global_step >= state.max_steps  # the run's last validation
+        if self.rules is None or self.meter.seconds_per_update is None or finished:
+            return control
+        self._act(self.after_validation(state, seconds, metrics or {}), state, control)
+        if near_the_end(state.global_step, state.max_steps, self.plan.save_steps):  # the last update saves
+            control.should_save = False
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        self.meter.pause("checkpoint")
+        self.last_save = state.global_step
+        return control
+
+    # --- the decisions -------------------------------------------------------------------------------------------------
+
+    def after_update(self, state) -> list[Replan | Stop | Switch]:
+        """What follows update `state.global_step`: at the first check a switch, else a re-plan; a stop once the
+        deadline passed (the main process decides: every process stops at the same update)."""
+        decisions = []
+        rules = self.rules
+        if rules is not None and not self.checked and state.global_step >= rules.first_check and self.meter.updates:
+            self.checked = True  # (a short run checks once it has measured an update)
+            switch = self.better_choice(state)
+            if switch is not None:
+                return [switch]  # before any checkpoint of this choice: the run starts again with the switch
+            decisions.append(self.replan(state, "its first updates", always=True))
+        if self.clock is not None and state.global_step < state.max_steps:
+            late = self.clock.seconds_left(self.plan.predicted_decode_seconds or 0.0) <= 0
+            if main_process_decides(late, self.device):
+                decisions.append(Stop(state.global_step))
+        return [decision for decision in decisions if decision is not None]
+
+    def after_validation(self, state, seconds: float, metrics: dict) -> Replan:
+        """The test decoding predicted anew from this validation's decoding speed (which moves the deadline), and
+        the length re-fitted to it."""
+        check, prediction = metrics.get("eval_source_check_seconds"), metrics.get("eval_prediction_seconds")
+        decode = self.rules.predicted_decode_seconds(seconds, self.meter.seconds_per_update, check, prediction)
+        after = f"the validation at update {state.global_step:,}"
+        return self.replan(state, after, decode) or Replan(
+            dataclasses.replace(self.plan, predicted_decode_seconds=decode)
+        )
+
+    def better_choice(self, state) -> Switch | None:
+        """A better choice of model and batch size where the first updates prove the planned one wrong enough
+        (`replanning.better_candidate`); every process takes the main process's answer. A run that started again
+        keeps its choice (its length is re-planned as any run's)."""
+        rate, planned = self.steady_rate(state.global_step), self.plan.seconds_per_update
+        if rate is None or not planned or self.plan.switched_from:  # a run starts again once at most
+            return None
+        usable = self.clock.seconds_left(self.plan.predicted_decode_seconds or 0.0, restart=True, planned=True)
+        checkpoint, validation = self.plan.checkpoint_seconds or 0.0, self.plan.validation_seconds or 0.0
+        current = (self.plan.preset, self.plan.max_tokens)
+        choice = better_candidate(
+            self.plan.candidates, current, self.rules, rate / planned, usable, checkpoint, validation
+        )
+        choice = main_process_value(choice)
+        if choice is None:
+            return None
+        left = {"preset": self.plan.preset, "max_tokens": self.plan.max_tokens, "at": state.global_step}
+        left |= {"planned_seconds_per_update": planned, "measured_seconds_per_update": rate}
+        kept = {"precision": self.plan.precision, "attention": self.plan.attn_implementation}
+        return dataclasses.replace(choice, compiled=self.plan.torch_compile, switched_from=left, **kept)
+
+    def steady_rate(self, step: int) -> float | None:
+        """The Trainer's seconds per update of shapes met before: the meter's, less what the new batch shapes met
+        while it counted cost (on a GPU most of them come early: the first check would charge them to every update
+        still to come)."""
+        rate = self.meter.seconds_per_update
+        if rate is None or self.rules is None:
+            return rate
+        paid = self.rules.first_costs(self.plan.seconds_per_new_shape, self.meter.counted_from, step)
+        return max(0.5 * rate, (self.meter.seconds - paid) / self.meter.updates)
+
+    def replan(self, state, after: str, decode: float | None = None, always: bool = False) -> Replan | None:
+        """The plan's length re-fitted from the measured speed (the test decoding predicted to take `decode` seconds
+        where given; every process takes the main process's), or None where it moves by less than
+        `CHANGE_AT_LEAST` (unless `always`)."""
+        rate = self.steady_rate(state.global_step)
+        if rate is None:
+            return None
+        step, meter, plan = state.global_step, self.meter, self.plan
+        if decode is not None:
+            plan = dataclasses.replace(plan, predicted_decode_seconds=decode)
+        checkpoint = meter.typical_pause("checkpoint", plan.checkpoint_seconds or 0.0)
+        validation = meter.typical_pause("validation", plan.validation_seconds or 0.0)
+        usable = self.clock.seconds_left(plan.predicted_decode_seconds or 0.0, planned=True)
+        new = main_process_value(refit(plan, self.rules, step, rate, usable, checkpoint, validation))
+        if not always and abs(new.max_steps - plan.max_steps) < CHANGE_AT_LEAST * plan.max_steps:
+            return None
+        change = {"at": step, "after": after, "seconds_per_update": rate, "max_steps": new.max_steps}
+        change["was"] = plan.max_steps
+        return Replan(dataclasses.replace(new, replans=[*plan.replans, change]), change)
+
+    # --- acting on them ------------------------------------------------------------------------------------------------
+
+    def _act(self, decision: Replan | Stop | Switch, state, control) -> None:
+        """Follow `decision`: a switch stops training unsaved (the run starts again), a stop ends it saved, a new plan
+        sets the Trainer's length (the main process's `budget.json` records a new length)."""
+        if isinstance(decision, Switch):
+            self.switch = decision
+            logger.warning("%s", decision.describe())
+            control.should_training_stop = True
+            control.should_save = control.should_evaluate = False
+        elif isinstance(decision, Stop):
+            self.stopped_early_at = decision.at
+            logger.warning(
+                "the time budget's deadline passed at update %d of %d (the machine is slower than it measured): "
+                "stopping here and saving",
+                decision.at,
+                state.max_steps,
+            )
+            control.should_training_stop = control.should_save = True
+        else:
+            self.plan = decision.plan
+            self._apply(state)
+            if decision.change is not None:
+                logger.warning("%s", decision.describe())
+                if self.record_to is not None:
+                    write_plan(self.record_to, decision.plan, at="replan")
+
+    def _apply(self, state) -> None:
+        """The plan's length, and its spacing where the callback does not space the events itself, on the Trainer's
+        state."""
+        state.max_steps = self.plan.max_steps
+        if self.rules is not None:  # spaced by `events_due`: the Trainer's multiples never come
+            state.save_steps, state.eval_steps = 0, NEVER
+            return
+        state.save_steps = self.plan.save_steps
+        if self.plan.eval_steps:
+            state.eval_steps = self.plan.eval_steps

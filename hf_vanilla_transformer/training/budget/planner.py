@@ -1,0 +1,391 @@
+"""Making a run's plan (`make_plan`, the budget room's one entry point) and the `Planner` that measures and fits it.
+
+A budgeted run measures each model size of the recipe in turn (largest first): its precision, attention,
+compilation and the time of a batch at each batch size (`calibration.py`), the Trainer's own work beyond that
+update (`trainer_speed.py`, once), and the number of updates that fits the time left at each batch size once the
+checkpoints, validations, the test decoding and the first update of each new batch shape are paid for; it keeps the
+first size whose fit reaches `min_updates` (else the last), and the largest batch size that does. A run of a given
+length measures only what the recipe leaves open. The schedule follows from the length (`schedule.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ...utils.distributed import main_process_value, result_or_error
+from ...utils.machine import describe_device
+from .calibration import Calibration, Measurement, Timing, measure_checkpoint_seconds
+from .clock import BudgetClock, BudgetError
+from .costs import BudgetRules, updates_that_fit
+from .device import pad_multiple
+from .plan import Budgeted, BudgetPlan
+from .record import recorded_plan, write_plan
+from .replanning import Switch
+from .schedule import (
+    EventRule,
+    event_spacing,
+    learning_rate,
+    peak_rate,
+    replan_bound,
+    updates_per_epoch,
+    warmup_for,
+)
+from .trainer_speed import TRIAL_BATCHES, TrainerTrial, trainer_trial
+
+
+logger = logging.getLogger(__name__)
+
+
+def make_plan(
+    settings,
+    data,
+    model,
+    clock: BudgetClock,
+    resume: str | None = None,
+    restart: Switch | None = None,
+    build: Callable[[str], object] | None = None,
+) -> Budgeted:
+    """The run's plan, from its settings (`training/settings.py`), its prepared data (`training/run_data.py`) and
+    the model of its first choice: the one its checkpoint `resume` recorded (or its `budget.json`, for a budgeted
+    run killed before its first checkpoint); else measured (where the budget or an open choice asks for it:
+    `build(preset)` makes the models of the other sizes to measure; a run that starts again with the choice
+    `restart` knows the Trainer's own time of it, used instead of a calibration, and records what it left) and
+    computed. Under several processes every process measures (as
+    they will train, side by side) and the main process's plan is the one all of them follow; it writes
+    `budget.json`."""
+    recorded = recorded_plan(settings.output_dir, resume) if resume is not None or settings.budgeted else None
+    if recorded is not None and (resume is not None or recorded.max_minutes is not None):
+        logger.info("keeping the plan of the run being resumed: %s", recorded.summary())
+        return Budgeted(complete_recorded_plan(recorded, settings, model.config.d_model))
+    planner = Planner(settings, data, clock, build)
+    plan = main_process_value(result_or_error(planner.plan, model, restart))
+    if isinstance(plan, Exception):  # the main process failed: every process stops with its error
+        raise plan
+    rules = planner.rules_of(plan.max_tokens, plan.max_steps, plan.save_steps) if plan.max_minutes else None
+    if settings.args.should_save:
+        write_plan(settings.output_dir, plan)
+    return Budgeted(plan, rules)
+
+
+def complete_recorded_plan(plan: BudgetPlan, settings, d_model: int) -> BudgetPlan:
+    """A plan recorded before it held the batch size, accumulation, lr_scale and peak, with them computed as the
+    run then did (a new plan: the one given is left as it is)."""
+    update = settings.update_size(plan.max_tokens or settings.token_sizes[0])
+    accumulation = plan.gradient_accumulation_steps or update.accumulation
+    rate = learning_rate(
+        settings.rate, d_model, plan.warmup_steps, update.max_tokens * accumulation * update.world_size
+    )
+    lr_scale = plan.lr_scale if plan.lr_scale is not None else rate.lr_scale
+    return replace(
+        plan,
+        max_tokens=update.max_tokens,
+        gradient_accumulation_steps=accumulation,
+        lr_scale=lr_scale,
+        peak_learning_rate=peak_rate(lr_scale, d_model, plan.warmup_steps),
+    )
+
+
+@dataclass
+class BudgetFit:
+    """How a measured update time fits the budget: the batch size, the updates, the seconds planned and predicted,
+    the reason in words, and whether the updates reach the recipe's `min_updates` (`enough`)."""
+
+    max_tokens: int
+    max_steps: int
+    timing: Timing  # of one update (accumulation and the Trainer's own work included)
+    training_seconds: float
+    decode_seconds: float
+    reason: str
+    enough: bool
+    checkpoint_seconds: float = 0.0
+    validation_seconds: float = 0.0
+
+
+class Planner:
+    """Plans one run: the settled run and its prepared data read once into what the plan needs (its choices, each
+    batch size's update and epoch, what it counts with: `rules`), then `plan(model)` measures and fits."""
+
+    def __init__(self, settings, data, clock: BudgetClock, build: Callable[[str], object] | None = None):
+        recipe, args = settings.recipe, settings.args
+        self.data, self.args, self.clock, self.build, self.rate = data, args, clock, build, settings.rate
+        self.optimizer = settings.optimizer
+        self.budgeted, self.max_minutes = settings.budgeted, settings.max_minutes
+        self.min_updates, self.max_epochs = recipe.min_updates, recipe.max_epochs
+        self.presets = list(settings.presets if build is not None else settings.presets[:1])
+        self.sizes = list(settings.token_sizes)
+        self.updates = dict(settings.updates)
+        self.multiple = pad_multiple(settings.device)
+        self.choices, self.device = settings.choices, settings.device
+        self.given_length = args.max_steps if args.max_steps > 0 else None
+        self.given_epochs = args.num_train_epochs
+        validation = data.validation_pairs
+        self.rules = BudgetRules(
+            events=EventRule(recipe.checkpoints_per_run, recipe.evaluations_per_run, args.save_steps, args.eval_steps),
+            validates=settings.validates and validation is not None,
+            validation_pairs=validation or 0,
+            test_sentences=data.test_pairs + (len(settings.alphas) * validation if validation is not None else 0),
+            test_beams=recipe.test_beams,
+            validation_beams=args.generation_num_beams or 1,
+            source_check=recipe.source_check != "off",
+            min_updates=recipe.min_updates,
+            max_epochs=recipe.max_epochs,
+        )
+        self.choosing_alpha = bool(settings.alphas) and validation is not None
+        self.where = where(recipe.recipe, settings.device)
+
+    # --- what a choice costs ---------------------------------------------------------------------------------------
+
+    def epoch_updates(self, max_tokens: int) -> int:
+        update = self.updates[max_tokens]
+        return updates_per_epoch(self.data.epoch_batches(max_tokens), update.accumulation, update.world_size)
+
+    def first_costs(self, timing: Timing, max_tokens: int, updates: int) -> float:
+        """Seconds that `updates` updates of batches of `max_tokens` add to their steady time: the first update of
+        every batch shape they meet, and what is paid once."""
+        if updates <= 0:
+            return 0.0
+        batches = updates * self.updates[max_tokens].accumulation
+        return timing.once + timing.per_shape * self.data.shapes_met(max_tokens, batches, self.multiple)
+
+    def per_update(self, timing: Timing, max_tokens: int, updates: int) -> float:
+        """Seconds per update of a run of `updates` updates, its new shapes paid."""
+        return timing.steady + self.first_costs(timing, max_tokens, updates) / max(1, updates)
+
+    def update_timing(self, batch: Timing, max_tokens: int, overhead: float = 0.0) -> Timing:
+        """The timing of an update of batches of `max_tokens` from a batch's: its accumulation, and the Trainer's
+        own work (`overhead` seconds)."""
+        return Timing(batch.steady * self.updates[max_tokens].accumulation + overhead, batch.per_shape, batch.once)
+
+    def rank(self, timing: Timing, max_tokens: int) -> float:
+        """The calibration's order of candidates: their seconds per update over the updates the budget would give
+        them (capped by the epochs), the first update of each new batch shape and what is paid once included."""
+        update = self.update_timing(timing, max_tokens)
+        updates = max(1, math.floor(self.clock.seconds_left(planned=True) / update.steady))
+        if self.max_epochs is not None:
+            updates = max(1, min(updates, math.floor(self.max_epochs * self.epoch_updates(max_tokens))))
+        return self.per_update(update, max_tokens, updates)
+
+    def rules_of(self, size: int, max_steps: int, save_steps: int) -> BudgetRules:
+        """What the re-plans of a plan of `max_steps` updates of batches of `size`, a checkpoint every `save_steps`,
+        count with: the rules, with its room to re-plan into, its first check (halfway to the first checkpoint, at
+        most after 200 updates) and its batch shapes."""
+        multiple = self.multiple
+        return replace(
+            self.rules,
+            max_updates=replan_bound(max_steps, self.epoch_updates(size), self.max_epochs),
+            first_check=min(200, max(1, save_steps // 2)),
+            accumulation=self.updates[size].accumulation,
+            shapes_met=lambda count: self.data.shapes_met(size, count, multiple),
+        )
+
+    # --- the plan --------------------------------------------------------------------------------------------------
+
+    def calibration(self, model) -> Calibration:
+        """The calibration of `model`'s updates on real training batches of the run."""
+        collator = self.data.collator(model.config, self.device)
+
+        def sample(max_tokens: int, count: int, taken: set) -> list[dict]:
+            return self.data.collate(self.data.sample_batches(max_tokens, count, taken, self.multiple), collator)
+
+        mode = getattr(self.args, "torch_compile_mode", None)
+        return Calibration(self.choices, self.device, sample, self.optimizer, mode)
+
+    def plan(self, model, restart: Switch | None = None) -> BudgetPlan:
+        """The plan of the module docstring, `model` of the recipe's first size; `restart` the choice a run starts
+        again with (its time known)."""
+        if not self.budgeted:
+            return self.given_length_plan(model)
+        known = restart.known() if restart is not None else None
+        measured, reasons, fixed, candidates, overhead = {}, [], None, [], None
+        for index, preset in enumerate(self.presets):
+            if index > 0:
+                model = self.build(preset)
+            # 1. Precision, attention, compilation and the time of a batch at each size, ranked by the time per
+            #    update of a run of what fits the budget (new shapes paid); a smaller size keeps the choices measured
+            #    on the first. A run switched to another choice knows its time (the Trainer's) already.
+            measurement = known or self.calibration(model).measure(
+                model, self.sizes, every_size=True, fixed=fixed, rank=self.rank
+            )
+            fixed = measurement.fixed
+            prefix = f"{preset}/" if len(self.presets) > 1 else ""
+            measured.update({prefix + name: seconds for name, seconds in measurement.measured.items()})
+            reasons = reasons or measurement.reasons
+            # 2. The Trainer's own work per update, measured once, on the size the budget would pick without it.
+            if overhead is None:
+                overhead = 0.0 if known else self.trainer_overhead(model, measurement, reasons)
+            candidates += [self.candidate(preset, size, measurement.per_size[size], overhead) for size in self.sizes]
+            # 3. The number of updates (and the batch size): what fits the budget.
+            fit = self.fit(model, measurement.per_size, overhead)
+            if fit.enough or index == len(self.presets) - 1:
+                break
+        reasons = [*reasons, self.size_reason(preset, fit)]
+        plan = self.budgeted_plan(model, preset, fit, measurement, reasons, measured, candidates, overhead)
+        return replace(plan, switched_from=restart.switched_from) if restart is not None else plan
+
+    def trainer_overhead(self, model, measurement: Measurement, reasons: list[str]) -> float:
+        """The Trainer's own seconds per update beyond the calibration's (`trainer_speed.py`), on the batch size
+        the budget would pick without them; 0 (said in `reasons`) where the trial cannot run."""
+        size = self.fit(model, measurement.per_size, 0.0).max_tokens
+        accumulation = self.updates[size].accumulation
+        batches = self.data.sample_batches(size, TRIAL_BATCHES * accumulation, set(), self.multiple)
+        try:
+            trial = trainer_trial(model, measurement.fixed, batches, self.data, self.args, accumulation, self.optimizer)
+        except (RuntimeError, ValueError) as error:
+            reasons.append(f"the Trainer's own work per update not measured ({str(error).splitlines()[0][:200]})")
+            return 0.0
+        reasons.append(_trial_reason(trial))
+        return trial.overhead
+
+    def candidate(self, preset: str, max_tokens: int, batch: Timing, overhead: float) -> dict:
+        """A calibrated choice: its preset, batch size, accumulation, the Trainer's seconds per update and the
+        updates per epoch."""
+        return {
+            "preset": preset,
+            "max_tokens": max_tokens,
+            "accumulation": self.updates[max_tokens].accumulation,
+            "seconds_per_update": self.update_timing(batch, max_tokens, overhead).steady,
+            "updates_per_epoch": self.epoch_updates(max_tokens),
+        }
+
+    def fit(self, model, per_size: dict[int, Timing], overhead: float) -> BudgetFit:
+        """The largest batch size that still gives `min_updates` updates in the budget (enough), else the smallest,
+        from the measured seconds of a batch at each size and the Trainer's own work per update."""
+        checkpoint_seconds = measure_checkpoint_seconds(model) if self.rules.checkpoints else 0.0
+        for max_tokens in self.sizes:
+            fit = self.updates_for_budget(
+                max_tokens, self.update_timing(per_size[max_tokens], max_tokens, overhead), checkpoint_seconds
+            )
+            if fit.enough:
+                break
+        if len(self.sizes) > 1:
+            listed = ", ".join(map(str, self.sizes))
+            fit.reason += f"; batches of {fit.max_tokens:,} tokens per side (of {listed}: " + (
+                f"the largest that gives {self.min_updates:,} updates)"
+                if fit.enough
+                else f"none gives {self.min_updates or 0:,} updates here)"
+            )
+        return fit
+
+    def updates_for_budget(self, max_tokens: int, timing: Timing, checkpoint_seconds: float) -> BudgetFit:
+        """The updates that fit the budget at `timing` (an update's, measured) once set-up so far, the checkpoints,
+        the validations, the test decoding and the first update of each new batch shape are paid for."""
+        rules, update = self.rules, timing.steady
+        tokens = max_tokens * self.updates[max_tokens].accumulation
+        decode, validation = rules.test_decode_seconds(update, tokens), rules.validation_seconds(update, tokens)
+        left = self.clock.seconds_left(decode, planned=True)
+        first_costs = lambda updates: self.first_costs(timing, max_tokens, updates)  # noqa: E731
+        fit = updates_that_fit(
+            left, update, rules.checkpoints, checkpoint_seconds, rules.validations, validation, first_costs
+        )
+        reason = (
+            f"{fit:,} updates fit {left / 60:.1f} training minutes of the {self.max_minutes:g}-minute budget "
+            f"({update:.2f} s each; set-up so far {self.clock.spent() / 60:.1f} min, test decoding "
+            f"{decode / 60:.1f} min predicted{', with the choice of alpha' if self.choosing_alpha else ''})"
+        )
+        per_epoch = self.epoch_updates(max_tokens)
+        if self.max_epochs is not None and fit > self.max_epochs * per_epoch:
+            fit = max(1, math.floor(self.max_epochs * per_epoch))
+            reason += f"; capped at {fit:,} = {self.max_epochs:g} epochs of this corpus"
+        training = fit * update + first_costs(fit) + rules.checkpoints * checkpoint_seconds
+        training += rules.validations * validation
+        enough = self.min_updates is None or fit >= self.min_updates
+        return BudgetFit(max_tokens, fit, timing, training, decode, reason, enough, checkpoint_seconds, validation)
+
+    def size_reason(self, preset: str, fit: BudgetFit) -> str:
+        """The fit in words, with the model size chosen where there was a choice."""
+        if fit.max_steps < 1:
+            raise BudgetError(
+                f"max_minutes={self.max_minutes:g} leaves no time to train on this machine (set-up took "
+                f"{self.clock.spent() / 60:.1f} min, an update {fit.timing.steady:.2f} s); give more minutes."
+            )
+        if len(self.presets) == 1:
+            return fit.reason
+        rule = "the largest that gives" if fit.enough else "none gives"
+        return f"the {preset} model ({', '.join(self.presets)}: {rule} {self.min_updates or 0:,} updates); {fit.reason}"
+
+    def budgeted_plan(self, model, preset, fit: BudgetFit, measurement, reasons, measured, candidates, overhead):
+        """The budgeted plan of `fit`: its schedule, and what it predicted (see `BudgetPlan`)."""
+        plan = self.schedule(model, fit.max_steps, fit.max_tokens, measurement, reasons, measured)
+        return replace(
+            plan,
+            preset=preset,
+            max_minutes=self.max_minutes,
+            seconds_per_update=fit.timing.steady,
+            calibrated_seconds_per_update=fit.timing.steady - overhead,
+            trainer_overhead_seconds=overhead,
+            seconds_per_new_shape=fit.timing.per_shape,
+            once_seconds=fit.timing.once,
+            predicted_seconds_per_update=self.per_update(fit.timing, fit.max_tokens, fit.max_steps),
+            planned_training_seconds=fit.training_seconds,
+            predicted_decode_seconds=fit.decode_seconds,
+            checkpoint_seconds=fit.checkpoint_seconds,
+            validation_seconds=fit.validation_seconds,
+            candidates=candidates,
+        )
+
+    def given_length_plan(self, model) -> BudgetPlan:
+        """The plan of a run whose length is given (`--max_steps`, or epochs): the precision, attention and
+        compilation measured only where the recipe leaves them open, ranked by the time of the whole run."""
+        max_tokens = self.sizes[0]
+        max_steps = self.given_length or math.ceil(self.given_epochs * self.epoch_updates(max_tokens))
+
+        def rank(timing: Timing, size: int) -> float:
+            return self.per_update(self.update_timing(timing, size), size, max_steps)
+
+        measurement = self.calibration(model).measure(model, [max_tokens], every_size=False, rank=rank)
+        reasons = [*measurement.reasons, f"{max_steps:,} updates as given"]
+        plan = self.schedule(model, max_steps, max_tokens, measurement, reasons, measurement.measured)
+        timing = measurement.per_size.get(max_tokens)
+        if timing is None:
+            return plan
+        update = self.update_timing(timing, max_tokens)
+        return replace(
+            plan,
+            seconds_per_update=update.steady,
+            calibrated_seconds_per_update=update.steady,
+            seconds_per_new_shape=update.per_shape,
+            once_seconds=update.once,
+            predicted_seconds_per_update=self.per_update(update, max_tokens, max_steps),
+        )
+
+    def schedule(self, model, max_steps, max_tokens, measurement: Measurement, reasons, measured) -> BudgetPlan:
+        """The plan of a run of `max_steps` updates: the schedule follows from the length (warmup, checkpoint and
+        validation spacing), the learning rate from the warmup, the update's tokens and the model's width."""
+        warmup = warmup_for(max_steps, self.rate.warmup, self.rate.max_warmup_fraction)
+        save, evaluate = event_spacing(max_steps, self.rules.events)
+        update = self.updates[max_tokens]
+        rate = learning_rate(self.rate, model.config.d_model, warmup, update.tokens)
+        cadence = f"warmup {warmup:,} updates to a peak learning rate of {rate.peak:.2e}, a checkpoint every {save:,}"
+        if self.rules.validates and evaluate:
+            cadence += f", validation every {evaluate:,}"
+        return BudgetPlan(
+            max_steps=max_steps,
+            warmup_steps=warmup,
+            save_steps=save,
+            eval_steps=evaluate,
+            precision=measurement.precision,
+            attn_implementation=measurement.attention,
+            torch_compile=measurement.compiled,
+            max_tokens=max_tokens,
+            measured=measured,
+            reasons=[self.where, *reasons, cadence],
+            gradient_accumulation_steps=update.accumulation,
+            lr_scale=rate.lr_scale,
+            peak_learning_rate=rate.peak,
+        )
+
+
+def where(recipe: str | None, device) -> str:
+    """Where the run trains and with which recipe, in words: the plan line's first part."""
+    place = describe_device(device)
+    return f"recipe {recipe} on {place}" if recipe else f"on {place}"
+
+
+def _trial_reason(trial: TrainerTrial) -> str:
+    return (
+        f"the Trainer's own work {trial.overhead * 1000:.1f} ms per update (its update {trial.trainer_seconds:.3f} s "
+        f"against the calibration's {trial.calibrated_seconds:.3f} s, on the same batches)"
+    )

@@ -1,0 +1,179 @@
+"""Re-planning a budgeted run from its own updates.
+
+The plan predicts the Trainer's update (the calibration's and the Trainer's own work, both measured); the Trainer's
+real updates can still run faster or slower (another process busy during calibration, a machine that turns slower,
+the batches met). The §5.3 schedule does not depend on the run's total number of updates, so the run re-fits its
+length from what it measures while training:
+
+1. after `first_check` updates (before the first checkpoint), from the Trainer's own seconds per update;
+2. after every validation, with that validation's and the checkpoints' measured seconds, and the test decoding
+   predicted anew from the validation's decoding speed.
+
+Where the first check finds the Trainer clearly faster than planned (by `SWITCH_BELOW`), the plan's choice of model
+and batch size was made on times the Trainer does not take: the same correction applied to every choice calibrated,
+an earlier (larger) one may reach the recipe's `min_updates` after all. The run then stops before its first
+checkpoint and starts again with that choice (`better_candidate`: a `Switch`), its time known, not measured again: a
+minute of updates is the price of the model the machine can afford.
+
+The warmup is kept; the checkpoint spacing and validation cadence follow the new length (the same number of each
+per run), and so does the averaging window (a fraction of the final length). The plan's `replans` records each
+change. A run given `--max_steps N` is never re-planned; a resumed run keeps the length its checkpoint recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+
+from .calibration import Measurement, Timing
+from .costs import BudgetRules
+from .plan import BudgetPlan
+from .schedule import event_spacing
+
+
+REFIT_ROUNDS = 3  # the fixed costs left depend on the length: a few rounds settle it
+CHANGE_AT_LEAST = 0.01  # a re-plan after a validation moves the length only if it moves it by this fraction
+SWITCH_BELOW = 0.9  # measured / planned seconds per update below which a larger choice is reconsidered
+WARM_UPDATES = 5  # the first updates after the start (or a resume) are not measured: first shapes, first touches
+
+
+def refit(
+    plan: BudgetPlan,
+    rules: BudgetRules,
+    step: int,
+    seconds_per_update: float,
+    usable_seconds: float,
+    checkpoint_seconds: float,
+    validation_seconds: float,
+) -> BudgetPlan:
+    """The plan with the length that fits `usable_seconds` of training after update `step` at `seconds_per_update`
+    (a steady update's), once the checkpoints, the validations and the new batch shapes still to come are paid
+    for, capped at `rules.max_updates`; its spacing follows, its warmup is kept."""
+    if seconds_per_update <= 0:
+        raise ValueError(f"seconds_per_update={seconds_per_update} is invalid; expected a positive measured time.")
+    length = step + math.floor(usable_seconds / seconds_per_update)
+    for _ in range(REFIT_ROUNDS):
+        still = 1 - step / max(length, step + 1)  # the fraction of the run, and of its events, still to come
+        fixed = still * (rules.checkpoints * checkpoint_seconds + rules.validations * validation_seconds)
+        fixed += rules.first_costs(plan.seconds_per_new_shape, step, length)
+        length = step + max(1, math.floor((usable_seconds - fixed) / seconds_per_update))
+    if rules.max_updates is not None:
+        length = min(length, max(rules.max_updates, step + 1))
+    save, evaluate = event_spacing(length, rules.events)
+    return dataclasses.replace(plan, max_steps=length, save_steps=save, eval_steps=evaluate)
+
+
+@dataclass(frozen=True)
+class Switch:
+    """The choice a run starts again with: its model size and batch size (`preset` None: the recipe's), batches per
+    update, the Trainer's seconds per update there (the calibrated ones times what the first updates measured) and
+    the updates they reach; the first run's precision, attention and compilation (kept), and what it left
+    (`switched_from`: recorded in the new plan)."""
+
+    preset: str | None
+    max_tokens: int
+    accumulation: int
+    seconds_per_update: float
+    max_steps: int
+    precision: str = "fp32"
+    attention: str | None = None
+    compiled: bool = False
+    switched_from: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        left = self.switched_from
+        return (
+            f"{left.get('measured_seconds_per_update', float('nan')):.3f} s per update measured where the plan said "
+            f"{left.get('planned_seconds_per_update', float('nan')):.3f}: the {self.preset} model with batches of "
+            f"{self.max_tokens:,} tokens reaches {self.max_steps:,} updates here; starting again with it"
+        )
+
+    def known(self) -> Measurement:
+        """The new run's measurement: its update time, known from the first run's Trainer."""
+        return Measurement(
+            self.precision,
+            self.attention,
+            self.compiled,
+            per_size={self.max_tokens: Timing(self.seconds_per_update / self.accumulation)},
+            reasons=[f"{self.precision}, {self.attention} attention, as calibrated"],
+        )
+
+
+def better_candidate(
+    candidates: list[dict],
+    current: tuple[str | None, int],
+    rules: BudgetRules,
+    ratio: float,
+    usable_seconds: float,
+    checkpoint_seconds: float,
+    validation_seconds: float,
+) -> Switch | None:
+    """The choice among a plan's `candidates` (the recipe's order of preference) the run should switch to from its
+    `current` (preset, batch size), or None: with every planned time multiplied by `ratio` (the Trainer's measured
+    seconds per update over the plan's), the first choice before the current one whose updates in `usable_seconds`
+    (the budget's time left to a run started again, less a whole run's checkpoints and validations) reach
+    `rules.min_updates` and its epoch cap allows. Only when `ratio` is below `SWITCH_BELOW`."""
+    if ratio >= SWITCH_BELOW or not rules.min_updates or not candidates:
+        return None
+    usable = usable_seconds - rules.checkpoints * checkpoint_seconds - rules.validations * validation_seconds
+    for candidate in candidates:
+        if (candidate["preset"], candidate["max_tokens"]) == current or (
+            current[0] is None and candidate["max_tokens"] == current[1]
+        ):
+            return None  # nothing earlier in the order fits: keep the current choice
+        seconds = candidate["seconds_per_update"] * ratio
+        updates = min(math.floor(usable / seconds), _epoch_cap(rules, candidate))
+        if updates >= rules.min_updates:
+            return Switch(candidate["preset"], candidate["max_tokens"], candidate["accumulation"], seconds, updates)
+    return None
+
+
+def _epoch_cap(rules: BudgetRules, candidate: dict) -> float:
+    return math.floor(rules.max_epochs * candidate["updates_per_epoch"]) if rules.max_epochs else math.inf
+
+
+@dataclass
+class UpdateMeter:
+    """The Trainer's own seconds per update, apart from validation and checkpoint pauses, and each pause's seconds.
+
+    `step()` at every update's end, `pause(kind)` at the end of a validation or a checkpoint (both run between one
+    update's end and the next update). The first `WARM_UPDATES` after `start()` are not counted."""
+
+    clock: object = time.monotonic
+    first: int = 0
+    mark: float = 0.0
+    seconds: float = 0.0
+    updates: int = 0
+    pauses: dict = field(default_factory=lambda: {"validation": [], "checkpoint": []})
+
+    @property
+    def counted_from(self) -> int:
+        """The update after which the meter counts (the warm ones apart)."""
+        return self.first + WARM_UPDATES
+
+    def start(self, step: int) -> None:
+        self.first, self.mark, self.seconds, self.updates = step, self.clock(), 0.0, 0
+
+    def step(self, step: int) -> None:
+        now = self.clock()
+        if step > self.first + WARM_UPDATES:
+            self.seconds += now - self.mark
+            self.updates += 1
+        self.mark = now
+
+    def pause(self, kind: str) -> float:
+        now = self.clock()
+        self.pauses[kind].append(now - self.mark)
+        self.mark = now
+        return self.pauses[kind][-1]
+
+    @property
+    def seconds_per_update(self) -> float | None:
+        return self.seconds / self.updates if self.updates else None
+
+    def typical_pause(self, kind: str, estimate: float) -> float:
+        """The mean measured seconds of a `kind` pause, or `estimate` before the first one."""
+        measured = self.pauses[kind]
+        return sum(measured) / len(measured) if measured else estimate

@@ -1,0 +1,154 @@
+"""The §5.3 schedule of a run of a given length, in numbers, one function per decision: the warmup (`warmup_for`),
+the learning rate and the batch it was named for (`learning_rate`), the spacing of checkpoints and validations
+(`event_spacing`) and when each comes (`events_due`), the updates in an epoch (`updates_per_epoch`) and the length
+handed to the Trainer (`trainer_max_steps`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RateRule:
+    """How a recipe names its §5.3 rate: the factor `lr_scale`, or a `peak` reached by a model of width
+    `owner_d_model` (None: the trained model's own) with the `warmup` given, at updates of `reference_tokens` source
+    tokens (None: any); a short run's warmup is cut to at most `max_warmup_fraction` of it."""
+
+    lr_scale: float = 1.0
+    peak: float | None = None
+    owner_d_model: int | None = None
+    reference_tokens: int | None = None
+    warmup: float = 4000
+    max_warmup_fraction: float | None = None
+
+
+@dataclass(frozen=True)
+class LearningRate:
+    """The rate of a run: lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (§5.3, eq. 3); `peak`
+    is its value at the end of warmup."""
+
+    lr_scale: float
+    peak: float
+
+
+def base_rate(lr_scale: float, d_model: int) -> float:
+    """The factor the §5.3 schedule multiplies (the Trainer's `learning_rate`): lr_scale * d_model^-0.5."""
+    return lr_scale * d_model**-0.5
+
+
+def learning_rate(rule: RateRule, d_model: int, warmup: int, tokens_per_update: int) -> LearningRate:
+    """The rate of a model of width `d_model` warmed up for `warmup` updates of `tokens_per_update` source tokens.
+
+    1. The rule's factor: `lr_scale`, or the one that gives its `peak` to the model it names it for. The factor is
+       the same for every size, so each peaks at lr_scale * d_model^-0.5 * warmup^-0.5: the rate follows the model
+       (the CPU recipe's 1.98e-3 for small is 1.40e-3 for base and 0.99e-3 for big, at the update size it is named
+       for), as §5.3 has it.
+    2. Where the rule names the update size its rate holds at (`reference_tokens`), the square root of the update's
+       tokens over it.
+    3. Where a short run cut the warmup (`max_warmup_fraction`), the rate climbs the same ramp and peaks lower: a
+       post-LN model needs the ramp (warmup 308 to the full peak stalled at loss 4.7 on the CPU recipe,
+       docs/cpu_recipe.md)."""
+    nominal = rule.warmup if rule.warmup >= 1 else warmup
+    scale = rule.lr_scale
+    if rule.peak is not None:
+        scale = rule.peak * ((rule.owner_d_model or d_model) * nominal) ** 0.5
+    if rule.reference_tokens:
+        scale *= (tokens_per_update / rule.reference_tokens) ** 0.5
+    if warmup < nominal:
+        scale *= (warmup / nominal) ** 1.5
+    return LearningRate(scale, peak_rate(scale, d_model, warmup))
+
+
+def peak_rate(lr_scale: float, d_model: int, warmup: int) -> float:
+    """The §5.3 schedule's peak, at the end of warmup: lr_scale * d_model^-0.5 * warmup^-0.5."""
+    return base_rate(lr_scale, d_model) * max(1, warmup) ** -0.5
+
+
+def warmup_for(max_steps: int, warmup: float, max_fraction: float | None = None) -> int:
+    """Warmup updates: `warmup` itself when >= 1, else that fraction of the run; never more than `max_fraction` of
+    the run where given; at least 1 update."""
+    if warmup <= 0:
+        raise ValueError(f"warmup_steps={warmup} is invalid; expected updates (>= 1) or a fraction of the run (0, 1).")
+    updates = int(warmup) if warmup >= 1 else round(max_steps * warmup)
+    if max_fraction is not None:
+        if not 0 < max_fraction <= 1:
+            raise ValueError(f"max_warmup_fraction={max_fraction} is invalid; expected a fraction in (0, 1].")
+        updates = min(updates, round(max_steps * max_fraction))
+    return max(1, updates)
+
+
+@dataclass(frozen=True)
+class EventRule:
+    """How a run spaces its checkpoints and validations: so many per run (a fraction of its length), else every
+    `save_steps` and `eval_steps` updates."""
+
+    checkpoints_per_run: int | None = None
+    evaluations_per_run: int | None = None
+    save_steps: float = 1000
+    eval_steps: float | None = None
+
+
+def spacing_for(max_steps: int, per_run: int) -> int:
+    """Updates between two of `per_run` evenly spaced events (checkpoints, validations) over `max_steps`."""
+    if per_run < 1:
+        raise ValueError(f"{per_run} events per run is invalid; expected at least 1.")
+    return max(1, math.ceil(max_steps / per_run))
+
+
+def event_spacing(max_steps: int, rule: EventRule) -> tuple[int, int | None]:
+    """(checkpoint spacing, validation spacing) of a run of `max_steps` updates: fractions of the run where the rule
+    gives them per run (validations then at checkpoints where they come less often), else its fixed spacings."""
+    per_run = rule.checkpoints_per_run
+    save = spacing_for(max_steps, per_run) if per_run else max(1, int(rule.save_steps))
+    if rule.evaluations_per_run:
+        evaluate = spacing_for(max_steps, rule.evaluations_per_run)
+        if per_run and rule.evaluations_per_run <= per_run:
+            evaluate = save * max(1, round(evaluate / save))  # validate where a checkpoint is saved
+    else:
+        evaluate = int(rule.eval_steps) if rule.eval_steps else None
+    return save, evaluate
+
+
+def near_the_end(step: int, end: int, spacing: int) -> bool:
+    """Whether the run's last update `end`, which saves and validates by the Trainer's own rule, is less than half an
+    event `spacing` away from `step`: a spaced checkpoint or validation there would come twice at the run's end."""
+    return 0 < end - step < spacing / 2
+
+
+def events_due(
+    step: int, end: int, since_save: int, since_validation: int, save: int, evaluate: int | None, validates: bool
+) -> tuple[bool, bool]:
+    """(checkpoint, validation) after update `step` of a run ending at `end`, `since_save` and `since_validation`
+    updates after the last of each: a checkpoint once the spacing `save` has passed since the last one; a validation
+    with it once its own spacing `evaluate` has (nearly) passed, or on its own where validations come more often than
+    checkpoints. Spaced from the last event, not at multiples of the spacing (a re-plan that changed the spacing
+    would add events there); never near the end (`near_the_end`): a re-planned length once put a checkpoint and a
+    validation one update before the last, and the average took the run's end twice."""
+    if step >= end:
+        return False, False
+    saving = since_save >= save and not near_the_end(step, end, save)
+    if not evaluate or not validates:
+        return saving, False
+    due = since_validation >= (evaluate - save / 2 if evaluate >= save else evaluate)
+    alone = evaluate < save and not near_the_end(step, end, evaluate)
+    return saving, due and (saving or alone)
+
+
+def updates_per_epoch(batches: int, accumulation: int, world_size: int) -> int:
+    """Updates in an epoch of `batches` batches, `accumulation` batches per update in each of `world_size`
+    processes."""
+    return max(1, math.ceil(batches / (accumulation * max(1, world_size))))
+
+
+def replan_bound(max_steps: int, epoch_updates: int, max_epochs: float | None) -> int:
+    """The most updates a budgeted run may be re-planned to: its epoch cap, else ten times its plan."""
+    bound = math.floor(max_epochs * epoch_updates) if max_epochs is not None else 10 * max_steps
+    return max(bound, max_steps)
+
+
+def trainer_max_steps(max_steps: int, bound: int | None) -> int:
+    """The length handed to the Trainer: the plan's, or where the budget may re-plan it, the `bound` it may be
+    re-planned to (the Trainer's loop and its data run to it; the budget callback holds the Trainer to the plan's
+    length)."""
+    return max_steps if bound is None else max(max_steps, bound)
