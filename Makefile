@@ -6,23 +6,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup main test test-all lint clean
+.PHONY: setup main test test-all lint clean gpu-check
 
-setup: $(STAMP)
-
-# 1. a virtual environment in the repo; 2. PyTorch: the CUDA build where a GPU is present, else the CPU wheel
-# torch 2.13.0 (from this machine's wheel folder if it has one, else from PyTorch's CPU index); 3. this package.
-$(STAMP): pyproject.toml
-	@test -x $(PY) || python3 -m venv $(VENV)
-	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-		$(PY) -m pip install 'torch>=2.6,<2.15'; \
-	elif $(PY) -m pip install --quiet --no-index --no-deps torch==2.13.0 2>/dev/null; then \
-		echo "torch 2.13.0 (CPU wheel) installed from this machine's wheel folder"; \
-	else \
-		$(PY) -m pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu; \
-	fi
-	$(PY) -m pip install --quiet -e '.[dev]'
-	@touch $(STAMP)
+# A virtual environment in the repo for this machine (scripts/setup_env.py): PyTorch 2.13.0, the CPU wheel (from
+# this machine's wheel folder if it has one) or, where nvidia-smi sees a GPU, the image's own CUDA PyTorch or the
+# CUDA build its driver runs (a GPU PyTorch cannot use stops here, in one line); a .venv made for another kind of
+# machine is made again; then this package. Kept as it is when current.
+setup:
+	@python3 scripts/setup_env.py --venv $(VENV)
 
 main: setup
 	$(PY) scripts/main.py
