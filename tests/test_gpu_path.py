@@ -1,21 +1,30 @@
 """The logic of the GPU path that runs on a CPU, proven here (issue 39): TF32 set in one consistent state whatever
 transformers and accelerate set before (and a compiled step under it), the attention implementations and the
-precisions offered on CUDA, the learning rate of the size and batch the GPU recipe trains."""
+precisions offered on CUDA, the learning rate of the size and batch the GPU recipe trains, an update that reads no
+tensor on the host (a CUDA-free stand-in for the GPU's waits) and batches copied to the device without waiting."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
+from hf_vanilla_transformer import without_host_reads
 from hf_vanilla_transformer.training import settings as settings_module
 from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
 from hf_vanilla_transformer.training.budget import device as device_module
-from hf_vanilla_transformer.training.budget.schedule import learning_rate
+from hf_vanilla_transformer.training.budget.costs import BudgetRules, decoding_steps
+from hf_vanilla_transformer.training.budget.decode_speed import measure_decode_step
+from hf_vanilla_transformer.training.budget.schedule import EventRule, learning_rate
 from hf_vanilla_transformer.training.recipes import parse_run
+
+from conftest import PAD, random_ids, tiny_model
 
 
 # Run in a child: TF32 is a process setting, and the compile leaves graphs behind.
@@ -97,3 +106,83 @@ def test_the_gpu_recipe_names_its_peak_for_the_papers_batch_and_a_smaller_batch_
     assert learning_rate(settings.rate, 1024, 4000, 25000).peak == pytest.approx(4.941e-4, rel=1e-3)  # the paper's
     assert learning_rate(settings.rate, 1024, 3850, 4096).peak == pytest.approx(1.925e-4, rel=1e-3)
     assert learning_rate(settings.rate, 512, 3850, 4096).peak == pytest.approx(2.722e-4, rel=1e-3)  # base, its width
+
+
+class HostReads(TorchFunctionMode):
+    """A CUDA-free stand-in for the GPU's synchronisations: every read of a tensor's value on the host (what waits
+    for a GPU's queued kernels) recorded by name."""
+
+    READS = ("__bool__", "item", "tolist", "__int__", "__float__", "__index__", "numpy")
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.READS:
+            self.calls.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_an_update_without_host_reads_reads_no_tensor_on_the_host_and_computes_the_same_loss():
+    """The mask builders once let transformers ask whether every token is real (`padding_mask.all()`): two waits
+    per forward on a GPU. Counted here on a CPU by the same rule: no read of a tensor value in the update."""
+    results = {}
+    for reads in (True, False):
+        model = tiny_model(seed=3).train()
+        model.set_attn_implementation("sdpa")
+        sources, labels = random_ids(4, 9, seed=4), random_ids(4, 7, seed=5)
+        sources[1, 6:] = PAD
+        batch = {"input_ids": sources, "attention_mask": (sources != PAD).long(), "labels": labels}
+        with contextlib.nullcontext() if reads else without_host_reads(), HostReads() as counted:
+            loss = model(**batch).loss
+            loss.backward()
+        results[reads] = (counted.calls, loss.item())
+    assert results[False][0] == [] and results[True][0], results  # the eager checks read; the update reads nothing
+    assert results[False][1] == pytest.approx(results[True][1], rel=1e-6)
+
+
+def test_the_gpu_recipe_copies_batches_to_the_device_without_waiting_for_it(tmp_path):
+    """accelerate copied each batch with non_blocking=False (a wait per update) although the recipe pins memory."""
+    from hf_vanilla_transformer.training.trainer import TransformerTrainer
+
+    from conftest import reversal_task
+
+    settings = parse_run(["--output_dir", str(tmp_path)], default_recipe="gpu")
+    assert settings.args.dataloader_pin_memory and settings.args.accelerator_config.non_blocking
+    tokenizer, dataset = reversal_task()
+    model = tiny_model(vocab_size=len(tokenizer))
+    args = settings.args.planned(
+        max_steps=1, warmup_steps=1, save_steps=None, eval_steps=None, precision="fp32", compiled=False,
+        accumulation=1, learning_rate=1e-3,
+    )  # fmt: skip
+    args.dataloader_num_workers, args.dataloader_persistent_workers, args.eval_strategy = 0, False, "no"
+    trainer = TransformerTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    assert trainer.accelerator.non_blocking and trainer.get_train_dataloader()._non_blocking
+
+
+def test_a_gpus_test_decoding_is_predicted_from_its_steps_latency_not_the_updates_throughput():
+    """On a GPU the 1,152 test sentences with beam 4 take tens of seconds where the update's time predicts a few: the
+    plan counts the steps the decoding takes and a step's measured latency, and takes the longer prediction."""
+    assert decoding_steps([10, 10, 20]) == 23  # one batch: its longest source and a tenth, plus the end token
+    assert decoding_steps([10, 10, 20], max_sentences=1) == 23 + 12 + 12
+    rules = BudgetRules(EventRule(), validates=True, validation_pairs=200, test_sentences=1152, test_beams=4)
+    throughput = rules.test_decode_seconds(0.03, 4096)
+    assert throughput == pytest.approx(1152 * 47 * 0.03 / 4096 * 3.0)  # the CPU's model: about 1.2 s
+    on_gpu = dataclasses.replace(rules, test_steps=2000, step_seconds=0.012, greedy_step_seconds=0.010)
+    assert on_gpu.test_decode_seconds(0.03, 4096) == pytest.approx(24.0)  # 2,000 steps of 12 ms
+    # A validation's greedy decoding predicts the test's beam-4 decoding by the measured ratio of their steps.
+    assert on_gpu.beam_cost == pytest.approx(1.2) and rules.beam_cost == pytest.approx(3.0)
+
+
+def test_a_decoding_steps_latency_is_the_extra_steps_time_over_their_number():
+    """Measured on a clock that counts the model's forward calls: one per decoding step, whatever the beams."""
+    model = tiny_model(seed=1)
+    model.set_attn_implementation("eager")
+    calls = [0]
+    model.register_forward_pre_hook(lambda module, args: calls.__setitem__(0, calls[0] + 1))
+    batch = {"input_ids": random_ids(3, 6), "attention_mask": torch.ones(3, 6, dtype=torch.long)}
+    for beams in (1, 4):
+        step = measure_decode_step(model, batch, beams, "fp32", "sdpa", clock=lambda: float(calls[0]))
+        assert step == pytest.approx(1.0), beams
+    assert model.training is False and model.config._attn_implementation == "eager"  # the copy was switched

@@ -58,17 +58,25 @@ def decoder_masks(
     cache: Cache | None,
     encoder_hidden_states: torch.Tensor,
     encoder_attention_mask: torch.Tensor | None,
+    shortcut: bool = True,
 ) -> tuple:
     """The decoder's two masks in the configured backend's form: causal (position i sees the cached positions and
-    positions <= i, §3.2.3) plus target padding for self-attention; source padding for cross-attention."""
+    positions <= i, §3.2.3) plus target padding for self-attention; source padding for cross-attention. Without the
+    `shortcut` (host reads off: a CUDA update), the masks are built even where every token is real: transformers'
+    shortcut asks the host whether they are (`padding_mask.all()`), which waits for the GPU."""
     self_attention_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
     causal_mask = create_causal_mask(
-        config=config, inputs_embeds=hidden_states, attention_mask=attention_mask, cache=self_attention_cache
+        config=config,
+        inputs_embeds=hidden_states,
+        attention_mask=attention_mask,
+        cache=self_attention_cache,
+        allow_is_causal_skip=shortcut,
     )
     cross_mask = create_bidirectional_mask(
         config=config,
         inputs_embeds=hidden_states,
         attention_mask=encoder_attention_mask,
         encoder_hidden_states=encoder_hidden_states,
+        allow_is_bidirectional_skip=shortcut,
     )
     return causal_mask, cross_mask

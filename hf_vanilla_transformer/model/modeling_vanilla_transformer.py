@@ -417,8 +417,11 @@ class VanillaTransformerEncoder(_VanillaTransformerStack):
 
         # The padding skip: padding is never attended to, so its FFN is skipped.
         token_index = real_token_index(attention_mask)
-        attention_mask = create_bidirectional_mask(
-            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask
+        attention_mask = create_bidirectional_mask(  # (no "all real tokens?" shortcut where it would read the host)
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=attention_mask,
+            allow_is_bidirectional_skip=_eager(),
         )
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, token_index=token_index, **kwargs)
@@ -481,7 +484,7 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
 
         # 2. Masks: causal (+ target padding) for self-attention, source padding for cross-attention.
         causal_mask, encoder_attention_mask = decoder_masks(
-            self.config, hidden_states, attention_mask, cache, encoder_hidden_states, encoder_attention_mask
+            self.config, hidden_states, attention_mask, cache, encoder_hidden_states, encoder_attention_mask, _eager()
         )
 
         # 3. The layers. The padding skip: the FFN skips positions no needed position can see.

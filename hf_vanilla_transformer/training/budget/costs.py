@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ...data.batching import inference_batches
 from .schedule import EventRule
 
 
@@ -24,9 +25,23 @@ GREEDY_TOKENS_PER_SENTENCE = 47
 BEAM4_PER_GREEDY = 3.0
 
 
+# A target about this much longer than its source: how long a batch decodes, from its longest source.
+TARGET_PER_SOURCE = 1.1
+
+
 def decode_cost(beams: int) -> float:
-    """What a sentence decoded with `beams` beams costs, in greedy sentences."""
+    """What a sentence decoded with `beams` beams costs, in greedy sentences (on a CPU, where decoding is bound by
+    the work of its matrix products)."""
     return 1.0 if beams <= 1 else BEAM4_PER_GREEDY * beams / 4
+
+
+def decoding_steps(lengths: list[int], max_tokens: int = 4000, max_sentences: int = 128) -> int:
+    """The decoding steps of translating sentences of `lengths` source tokens as `translate()` batches them (longest
+    first, at most `max_tokens` padded tokens and `max_sentences` a batch): each batch runs until its longest target,
+    about `TARGET_PER_SOURCE` of its longest source. On a GPU, where a step's time hardly depends on its batch,
+    decoding costs these steps times a step's latency."""
+    batches = inference_batches(lengths, max_tokens, max_sentences)
+    return sum(math.ceil(TARGET_PER_SOURCE * max(lengths[i] for i in batch)) + 1 for batch in batches)
 
 
 def decode_seconds(sentences: int, beams: int, seconds_per_update: float, tokens_per_update: int) -> float:
@@ -91,6 +106,11 @@ class BudgetRules:
     first_check: int = 200
     accumulation: int = 1
     shapes_met: Callable[[int], float] | None = None
+    # On a GPU, decoding is bound by the latency of its steps: the steps of the test decoding (and the choice of
+    # alpha), and a step's seconds with the test's beams and greedy, measured there (0: a CPU's throughput model).
+    test_steps: int = 0
+    step_seconds: float = 0.0
+    greedy_step_seconds: float = 0.0
 
     @property
     def checkpoints(self) -> int:
@@ -101,8 +121,18 @@ class BudgetRules:
         return (self.events.evaluations_per_run or 0) if self.validates else 0
 
     def test_decode_seconds(self, seconds_per_update: float, tokens_per_update: int) -> float:
-        """The test decoding (with the choice of alpha) predicted from an update's time."""
-        return decode_seconds(self.test_sentences, self.test_beams, seconds_per_update, tokens_per_update)
+        """The test decoding (with the choice of alpha) predicted from an update's time, or from the latency of a
+        decoding step where that is measured and longer (a GPU)."""
+        throughput = decode_seconds(self.test_sentences, self.test_beams, seconds_per_update, tokens_per_update)
+        return max(throughput, self.test_steps * self.step_seconds)
+
+    @property
+    def beam_cost(self) -> float:
+        """What a sentence decoded with the test's beams costs against one decoded with the validation's: the ratio
+        of their measured steps where measured (a GPU), else of `decode_cost`."""
+        if self.step_seconds and self.greedy_step_seconds and self.validation_beams <= 1:
+            return self.step_seconds / self.greedy_step_seconds
+        return decode_cost(self.test_beams) / decode_cost(self.validation_beams)
 
     def validation_seconds(self, seconds_per_update: float, tokens_per_update: int) -> float:
         """One validation (its decoding and its loss passes) predicted from an update's time; 0 where none come."""
@@ -128,9 +158,10 @@ class BudgetRules:
     ) -> float:
         """The test decoding (and the choice of alpha) predicted from a validation pass on this machine: its
         decoding of `validation_pairs` pairs with `validation_beams` beams, scaled to `test_sentences` decoded with
-        `test_beams` beams by their relative cost per sentence (`decode_cost`). The decoding is the Trainer's
+        `test_beams` beams by their relative cost per sentence (`beam_cost`). The decoding is the Trainer's
         prediction steps less their loss (`prediction_seconds`, where measured; a loss pass costs about one of the
-        source check's two), else the whole pass less its loss passes."""
+        source check's two), else the whole pass less its loss passes. A validation sentence and a test sentence
+        cost what `beam_cost` says."""
         if prediction_seconds is not None and source_check_seconds is not None:
             decoding = prediction_seconds - 0.5 * source_check_seconds
         elif source_check_seconds is not None:
@@ -140,4 +171,4 @@ class BudgetRules:
                 self.validation_pairs, seconds_per_update, self.source_check
             )
         per_sentence = max(0.0, decoding) / max(1, self.validation_pairs)
-        return self.test_sentences * per_sentence * decode_cost(self.test_beams) / decode_cost(self.validation_beams)
+        return self.test_sentences * per_sentence * self.beam_cost

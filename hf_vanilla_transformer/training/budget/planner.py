@@ -19,7 +19,8 @@ from ...utils.distributed import main_process_value, result_or_error
 from ...utils.machine import describe_device
 from .calibration import Calibration, Measurement, Timing, measure_checkpoint_seconds
 from .clock import BudgetClock, BudgetError
-from .costs import BudgetRules, updates_that_fit
+from .costs import BudgetRules, decoding_steps, updates_that_fit
+from .decode_speed import measure_decode_step, median_batch
 from .device import pad_multiple
 from .plan import Budgeted, BudgetPlan
 from .record import recorded_plan, write_plan
@@ -134,7 +135,29 @@ class Planner:
             max_epochs=recipe.max_epochs,
         )
         self.choosing_alpha = bool(settings.alphas) and validation is not None
+        self.decode_batch = self.decoding_on_gpu(settings, data) if settings.device.type == "cuda" else None
         self.where = where(recipe.recipe, settings.device)
+
+    def decoding_on_gpu(self, settings, data) -> dict:
+        """A GPU's test decoding: the steps it takes (the test split, and the validation pairs once per alpha) in
+        the rules, and the batch a step's latency is measured on (`measure_decoding`)."""
+        batch, test = median_batch(data.tokenizer, list(data.test["source"]), settings.device)
+        validation = [len(ids) for ids in data.evaluation["input_ids"]] if data.evaluation is not None else []
+        steps = decoding_steps(test) + (len(settings.alphas) * decoding_steps(validation) if validation else 0)
+        self.rules = replace(self.rules, test_steps=steps)
+        return batch
+
+    def measure_decoding(self, model, measurement: Measurement) -> None:
+        """On a GPU, a decoding step's latency for `model` in the measured precision and attention, with the test's
+        beams and greedy (the validation's), into the rules."""
+        if self.decode_batch is None:
+            return
+        precision, attention, beams = measurement.precision, measurement.attention, self.rules.test_beams
+        step = measure_decode_step(model, self.decode_batch, beams, precision, attention, self.device)
+        greedy = (
+            measure_decode_step(model, self.decode_batch, 1, precision, attention, self.device) if beams > 1 else step
+        )
+        self.rules = replace(self.rules, step_seconds=step, greedy_step_seconds=greedy)
 
     # --- what a choice costs ---------------------------------------------------------------------------------------
 
@@ -210,6 +233,7 @@ class Planner:
                 model, self.sizes, every_size=True, fixed=fixed, rank=self.rank
             )
             fixed = measurement.fixed
+            self.measure_decoding(model, measurement)
             prefix = f"{preset}/" if len(self.presets) > 1 else ""
             measured.update({prefix + name: seconds for name, seconds in measurement.measured.items()})
             reasons = reasons or measurement.reasons
