@@ -5,6 +5,7 @@ clock.py          the budget's clock: the one formula of the time left, with its
 device.py         where and how an update runs: the device, each precision's context, the clock's synchronisation
 calibration.py    an update measured before training, for every choice the recipe leaves open
 trainer_speed.py  the Trainer's own work per update beyond it, on a short run of the real Trainer
+decode_speed.py   a decoding step's latency on a GPU, where decoding is bound by it
 costs.py          what a run's parts cost (decoding, validation, new shapes) and how many updates fit
 schedule.py       the §5.3 schedule in numbers: warmup, learning rate, event spacing, the Trainer's length
 plan.py           the plan (BudgetPlan), a value

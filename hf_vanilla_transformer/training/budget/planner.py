@@ -135,15 +135,16 @@ class Planner:
             max_epochs=recipe.max_epochs,
         )
         self.choosing_alpha = bool(settings.alphas) and validation is not None
-        self.decode_batch = self.decoding_on_gpu(settings, data) if settings.device.type == "cuda" else None
+        on_gpu = settings.device.type == "cuda"
+        self.decode_batch = self.decoding_on_gpu(data, len(settings.alphas), settings.device) if on_gpu else None
         self.where = where(recipe.recipe, settings.device)
 
-    def decoding_on_gpu(self, settings, data) -> dict:
-        """A GPU's test decoding: the steps it takes (the test split, and the validation pairs once per alpha) in
-        the rules, and the batch a step's latency is measured on (`measure_decoding`)."""
-        batch, test = median_batch(data.tokenizer, list(data.test["source"]), settings.device)
+    def decoding_on_gpu(self, data, alphas: int, device) -> dict:
+        """A GPU's test decoding: the steps it takes (the test split, and the validation pairs once per each of the
+        `alphas`) in the rules, and the batch on `device` a step's latency is measured on (`measure_decoding`)."""
+        batch, test = median_batch(data.tokenizer, list(data.test["source"]), device)
         validation = [len(ids) for ids in data.evaluation["input_ids"]] if data.evaluation is not None else []
-        steps = decoding_steps(test) + (len(settings.alphas) * decoding_steps(validation) if validation else 0)
+        steps = decoding_steps(test) + (alphas * decoding_steps(validation) if validation else 0)
         self.rules = replace(self.rules, test_steps=steps)
         return batch
 
