@@ -744,3 +744,40 @@ def test_a_validation_that_replans_the_end_close_takes_back_its_checkpoint(tmp_p
     assert control.should_save and control.should_evaluate
     callback.on_evaluate(args, state, control, metrics={})
     assert state.max_steps == new_end and control.should_save is saves
+
+
+def test_the_first_check_at_the_runs_last_update_replans_nothing(tmp_path):
+    """A run of 6 updates whose first check comes at its last one: the length is what was trained (a re-plan there
+    once recorded 60 updates in results.json and the checkpoint, and a resume trained 54 more)."""
+    from transformers import TrainingArguments
+
+    clock = [0.0]
+    plan = dataclasses.replace(PLANNED, max_steps=6, save_steps=6, eval_steps=None, seconds_per_update=1.0)
+    callback = TimeBudgetCallback(
+        plan, clock_of(1000.0, lambda: clock[0]), dataclasses.replace(REFIT_RULES, first_check=3)
+    )
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    state = TrainerState(max_steps=60, global_step=0)
+    callback.on_train_begin(args, state, TrainerControl())
+    for step in range(1, 7):
+        clock[0] += 0.1
+        state.global_step = step
+        callback.on_step_end(args, state, TrainerControl())
+    assert callback.plan.max_steps == state.max_steps == 6 and callback.plan.replans == []
+
+
+def test_a_recorded_plan_keeps_its_peak_and_fills_an_older_ones_with_the_width_of_its_own_size(tmp_path):
+    from types import SimpleNamespace
+
+    from hf_vanilla_transformer.training.budget.planner import complete_recorded_plan
+    from hf_vanilla_transformer.training.recipes import parse_run
+
+    settings = parse_run(["--output_dir", str(tmp_path)], default_recipe="cpu")
+    compact = SimpleNamespace(config=SimpleNamespace(d_model=192))
+    recorded = plan_of(preset="compact", max_tokens=1024, warmup_steps=1000, lr_scale=0.7071, peak_learning_rate=1.4e-3)
+    assert complete_recorded_plan(recorded, settings, compact).peak_learning_rate == 1.4e-3  # kept as recorded
+    older = dataclasses.replace(recorded, lr_scale=None, peak_learning_rate=None, gradient_accumulation_steps=None)
+    completed = complete_recorded_plan(older, settings, compact)
+    # The recipe's 1.98e-3 for small (d_model 256) at 2,048 tokens, at 1,024 tokens, for compact's width.
+    assert completed.peak_learning_rate == pytest.approx(1.9764e-3 / 2**0.5 * (256 / 192) ** 0.5, rel=1e-4)
+    assert completed.gradient_accumulation_steps == 1

@@ -186,3 +186,9 @@ def test_a_decoding_steps_latency_is_the_extra_steps_time_over_their_number():
         step = measure_decode_step(model, batch, beams, "fp32", "sdpa", clock=lambda: float(calls[0]))
         assert step == pytest.approx(1.0), beams
     assert model.training is False and model.config._attn_implementation == "eager"  # the copy was switched
+
+
+def test_an_install_of_flash_attention_that_cannot_run_here_does_not_agree():
+    """flash-attn installed but broken, or without kernels for this device, is left out rather than stopping every
+    run at its start: here (no flash-attn, a CPU) the check runs and says no."""
+    assert device_module.flash_attention_agrees.__wrapped__(torch.device("cpu")) is False

@@ -104,8 +104,8 @@ def _train_and_evaluate(settings: RunSettings, command: str, examples: int, star
     # 2. The data, once.
     data = prepare_data(settings, clock, SetupClock(started, rank=args.process_index))
     # 3-5. Plan, Trainer, train; a switch to another choice goes back to the plan with the same data.
-    train_started = time.time()
     training = prepare_training(settings, data, clock, resume)
+    train_started = time.time()
     end = train(training, resume)
     if end.switch is not None:
         settings = settings.switched_to(

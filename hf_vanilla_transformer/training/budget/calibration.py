@@ -58,11 +58,6 @@ class Timing:
     once: float = 0.0
     failure: str | None = None
 
-    def scaled(self, factor: float) -> Timing:
-        """The update of `factor` batches (accumulation): the steady time times `factor` (new shapes are counted
-        and paid by batch)."""
-        return Timing(self.steady * factor, self.per_shape, self.once, self.failure)
-
 
 Candidate = tuple[str, str | None, bool]  # (precision, attention implementation, compiled)
 
@@ -104,10 +99,6 @@ class UpdateChoices:
     compiles: tuple[bool, ...]
     precision_open: bool = False
     compile_open: bool = False
-
-    @property
-    def fixed(self) -> bool:
-        return len(self.precisions) * len(self.attentions) * len(self.compiles) == 1
 
 
 @dataclass(frozen=True)

@@ -151,7 +151,8 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
             switch = self.better_choice(state)
             if switch is not None:
                 return [switch]  # before any checkpoint of this choice: the run starts again with the switch
-            decisions.append(self.replan(state, "its first updates", always=True))
+            if state.global_step < state.max_steps:  # (at the last update the length is what was trained)
+                decisions.append(self.replan(state, "its first updates", always=True))
         if self.clock is not None and state.global_step < state.max_steps:
             late = self.clock.seconds_left(self.plan.predicted_decode_seconds or 0.0) <= 0
             if main_process_decides(late, self.device):
@@ -185,7 +186,8 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         if choice is None:
             return None
         left = {"preset": self.plan.preset, "max_tokens": self.plan.max_tokens, "at": state.global_step}
-        left |= {"planned_seconds_per_update": planned, "measured_seconds_per_update": rate}
+        left |= {"planned_seconds_per_update": planned, "measured_seconds_per_update": self.meter.seconds_per_update}
+        left["steady_seconds_per_update"] = rate
         kept = {"precision": self.plan.precision, "attention": self.plan.attn_implementation}
         return dataclasses.replace(choice, compiled=self.plan.torch_compile, switched_from=left, **kept)
 

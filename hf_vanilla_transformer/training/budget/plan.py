@@ -15,7 +15,7 @@ A recipe that counts updates keeps its promise on one kind of machine only: the 
    `results.json` (`record.py`), so that a resumed run keeps it: a run is reproducible for a seed on a given machine.
 
 The plan changes only by making a new one (`dataclasses.replace`: the re-plans of `replanning.py`). It never
-changes the user's arguments: the Trainer gets a copy with the plan's values (`training/trainer.py`).
+changes the user's arguments: the Trainer gets a copy with the plan's values (`TransformerTrainingArguments.planned`, in `training/building.py`).
 """
 
 from __future__ import annotations

@@ -60,7 +60,14 @@ def make_plan(
     recorded = recorded_plan(settings.output_dir, resume) if resume is not None or settings.budgeted else None
     if recorded is not None and (resume is not None or recorded.max_minutes is not None):
         logger.info("keeping the plan of the run being resumed: %s", recorded.summary())
-        return Budgeted(complete_recorded_plan(recorded, settings, model.config.d_model))
+        complete = recorded.lr_scale is not None and recorded.peak_learning_rate is not None
+        first = complete or not recorded.preset or recorded.preset == settings.presets[0] or build is None
+        plan = complete_recorded_plan(recorded, settings, model if first else build(recorded.preset))
+        if resume is not None:  # the interrupted run spent its budget: the checkpoint's length stands
+            return Budgeted(plan)
+        # Killed before its first checkpoint: its plan (budget.json), with a deadline and re-plans from this start.
+        rules = Planner(settings, data, clock, build).rules_of(plan.max_tokens, plan.max_steps, plan.save_steps)
+        return Budgeted(plan, rules)
     planner = Planner(settings, data, clock, build)
     plan = main_process_value(result_or_error(planner.plan, model, restart))
     if isinstance(plan, Exception):  # the main process failed: every process stops with its error
@@ -71,21 +78,23 @@ def make_plan(
     return Budgeted(plan, rules)
 
 
-def complete_recorded_plan(plan: BudgetPlan, settings, d_model: int) -> BudgetPlan:
+def complete_recorded_plan(plan: BudgetPlan, settings, model) -> BudgetPlan:
     """A plan recorded before it held the batch size, accumulation, lr_scale and peak, with them computed as the
-    run then did (a new plan: the one given is left as it is)."""
+    run then did for `model` (of the plan's size); what it holds is kept (a new plan: the one given is left as it
+    is)."""
     update = settings.update_size(plan.max_tokens or settings.token_sizes[0])
     accumulation = plan.gradient_accumulation_steps or update.accumulation
-    rate = learning_rate(
-        settings.rate, d_model, plan.warmup_steps, update.max_tokens * accumulation * update.world_size
-    )
-    lr_scale = plan.lr_scale if plan.lr_scale is not None else rate.lr_scale
+    d_model, tokens = model.config.d_model, update.max_tokens * accumulation * update.world_size
+    lr_scale = plan.lr_scale
+    if lr_scale is None:
+        lr_scale = learning_rate(settings.rate, d_model, plan.warmup_steps, tokens).lr_scale
+    peak = plan.peak_learning_rate or peak_rate(lr_scale, d_model, plan.warmup_steps)
     return replace(
         plan,
         max_tokens=update.max_tokens,
         gradient_accumulation_steps=accumulation,
         lr_scale=lr_scale,
-        peak_learning_rate=peak_rate(lr_scale, d_model, plan.warmup_steps),
+        peak_learning_rate=peak,
     )
 
 
@@ -112,7 +121,7 @@ class Planner:
     def __init__(self, settings, data, clock: BudgetClock, build: Callable[[str], object] | None = None):
         recipe, args = settings.recipe, settings.args
         self.data, self.args, self.clock, self.build, self.rate = data, args, clock, build, settings.rate
-        self.optimizer = settings.optimizer
+        self.optimizer, self.world_size = settings.optimizer, settings.world_size
         self.budgeted, self.max_minutes = settings.budgeted, settings.max_minutes
         self.min_updates, self.max_epochs = recipe.min_updates, recipe.max_epochs
         self.presets = list(settings.presets if build is not None else settings.presets[:1])
@@ -238,22 +247,28 @@ class Planner:
             prefix = f"{preset}/" if len(self.presets) > 1 else ""
             measured.update({prefix + name: seconds for name, seconds in measurement.measured.items()})
             reasons = reasons or measurement.reasons
+            checkpoint = measure_checkpoint_seconds(model) if self.rules.checkpoints else 0.0
             # 2. The Trainer's own work per update, measured once, on the size the budget would pick without it.
             if overhead is None:
-                overhead = 0.0 if known else self.trainer_overhead(model, measurement, reasons)
+                overhead = 0.0 if known else self.trainer_overhead(model, measurement, checkpoint, reasons)
             candidates += [self.candidate(preset, size, measurement.per_size[size], overhead) for size in self.sizes]
             # 3. The number of updates (and the batch size): what fits the budget.
-            fit = self.fit(model, measurement.per_size, overhead)
+            fit = self.fit(measurement.per_size, overhead, checkpoint)
             if fit.enough or index == len(self.presets) - 1:
                 break
         reasons = [*reasons, self.size_reason(preset, fit)]
         plan = self.budgeted_plan(model, preset, fit, measurement, reasons, measured, candidates, overhead)
         return replace(plan, switched_from=restart.switched_from) if restart is not None else plan
 
-    def trainer_overhead(self, model, measurement: Measurement, reasons: list[str]) -> float:
+    def trainer_overhead(self, model, measurement: Measurement, checkpoint: float, reasons: list[str]) -> float:
         """The Trainer's own seconds per update beyond the calibration's (`trainer_speed.py`), on the batch size
-        the budget would pick without them; 0 (said in `reasons`) where the trial cannot run."""
-        size = self.fit(model, measurement.per_size, 0.0).max_tokens
+        the budget would pick without them; 0 (said in `reasons`) where the trial cannot run, or under several
+        processes: each would time its own choice in a Trainer of collectives it shares with the others (the first
+        check re-plans from the Trainer's own updates there)."""
+        if self.world_size > 1:
+            reasons.append("the Trainer's own work per update not measured under several processes")
+            return 0.0
+        size = self.fit(measurement.per_size, 0.0, checkpoint).max_tokens
         accumulation = self.updates[size].accumulation
         batches = self.data.sample_batches(size, TRIAL_BATCHES * accumulation, set(), self.multiple)
         try:
@@ -275,10 +290,9 @@ class Planner:
             "updates_per_epoch": self.epoch_updates(max_tokens),
         }
 
-    def fit(self, model, per_size: dict[int, Timing], overhead: float) -> BudgetFit:
+    def fit(self, per_size: dict[int, Timing], overhead: float, checkpoint_seconds: float) -> BudgetFit:
         """The largest batch size that still gives `min_updates` updates in the budget (enough), else the smallest,
-        from the measured seconds of a batch at each size and the Trainer's own work per update."""
-        checkpoint_seconds = measure_checkpoint_seconds(model) if self.rules.checkpoints else 0.0
+        from the measured seconds of a batch at each size, the Trainer's own work per update and a checkpoint's."""
         for max_tokens in self.sizes:
             fit = self.updates_for_budget(
                 max_tokens, self.update_timing(per_size[max_tokens], max_tokens, overhead), checkpoint_seconds

@@ -85,7 +85,7 @@ class Switch:
     def describe(self) -> str:
         left = self.switched_from
         return (
-            f"{left.get('measured_seconds_per_update', float('nan')):.3f} s per update measured where the plan said "
+            f"{left.get('steady_seconds_per_update', float('nan')):.3f} s per update measured where the plan said "
             f"{left.get('planned_seconds_per_update', float('nan')):.3f}: the {self.preset} model with batches of "
             f"{self.max_tokens:,} tokens reaches {self.max_steps:,} updates here; starting again with it"
         )
