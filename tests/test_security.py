@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,66 @@ from conftest import ROOT
 
 
 PACKAGE = ROOT / "hf_vanilla_transformer"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 1. A checkpoint whose pickle would run code is refused by name and runs nothing
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RunsCode:
+    """Pickled, it calls os.system on loading: the proof of concept of a checkpoint that runs code."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def checkpoint(folder: Path, rng_state) -> Path:
+    """A checkpoint folder as the Trainer writes one (marker, config, state, weights, optimizer), with `rng_state`
+    saved as its rng_state.pth."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    (folder / ".complete").write_text("10\n")
+    (folder / "config.json").write_text("{}")
+    (folder / "trainer_state.json").write_text('{"global_step": 10}')
+    save_file({"weight": torch.ones(2, 2)}, folder / "model.safetensors")
+    torch.save({"state": {0: {"exp_avg": torch.zeros(2)}}, "param_groups": [{"lr": 1e-3}]}, folder / "optimizer.pt")
+    torch.save(rng_state, folder / "rng_state.pth")
+    return folder
+
+
+def test_a_checkpoint_whose_pickle_runs_code_is_refused_by_name_and_runs_nothing(tmp_path):
+    from hf_vanilla_transformer.training.checkpoints import CheckpointError, validate_checkpoint
+
+    marker = tmp_path / "ran"
+    folder = checkpoint(tmp_path / "checkpoint-10", RunsCode(f"touch {marker}"))
+    with pytest.raises(CheckpointError, match=r"checkpoint-10/rng_state\.pth holds objects other than tensors"):
+        validate_checkpoint(folder)
+    assert not marker.exists()
+
+
+def test_a_checkpoint_with_the_trainers_rng_state_validates(tmp_path, trained_folder):
+    """The Trainer's rng_state.pth holds numpy's generator state (arrays, dtypes): allowed, as the Trainer allows
+    it on resuming (transformers' safe_globals); so are the checkpoints of a real run."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from hf_vanilla_transformer.training.checkpoints import checkpoint_folders, validate_checkpoint
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    folder = checkpoint(tmp_path / "checkpoint-10", state)
+    assert validate_checkpoint(folder) == folder
+    written = checkpoint_folders(trained_folder[0])
+    assert [path.name for path in written] == ["checkpoint-10", "checkpoint-20", "checkpoint-30"]
+    for path in written:
+        assert (path / "rng_state.pth").exists() and validate_checkpoint(path) == path
 
 
 # ---------------------------------------------------------------------------------------------------------------------
