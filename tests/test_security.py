@@ -8,9 +8,12 @@ package's source finds none of these mistakes again."""
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,3 +165,193 @@ def test_a_leftover_of_another_container_with_the_same_host_name_is_never_remove
     assert fresh.name.startswith(f"corpus.tmp-{host}_{where}-{os.getpid()}-")
     assert theirs.is_dir() and theirs_too.is_dir() and ours_alive.is_dir()
     assert not ours_dead.exists()  # a dead process of this very machine: removed
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 2, 5. No token, home path or private sentence in what a run publishes
+# ---------------------------------------------------------------------------------------------------------------------
+
+TOKEN = "hf_" + "Secret0" * 5  # the shape of a Hugging Face token
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (
+            f"vanilla-transformer train --hub_token {TOKEN} --output_dir /home/alice/runs/de",
+            "vanilla-transformer train --hub_token REDACTED --output_dir de",
+        ),
+        (f"train --hub_token={TOKEN} --seed 1", "train --hub_token=REDACTED --seed 1"),
+        (
+            "train --hub-token abc --token=xyz --max_tokens 1024",
+            "train --hub-token REDACTED --token=REDACTED --max_tokens 1024",
+        ),
+        (f"train --run_name {TOKEN}", "train --run_name REDACTED"),  # a token anywhere: its shape gives it away
+        (
+            "python /home/alice/src/scripts/train.py --recipe /home/alice/my.yaml --data_files ~/d/src.txt,/d/tgt.txt",
+            "python train.py --recipe my.yaml --data_files src.txt,tgt.txt",
+        ),
+        (
+            "train --resume_from_checkpoint /home/alice/runs/de/checkpoint-20 --output_dir /home/alice/runs/de",
+            "train --resume_from_checkpoint checkpoint-20 --output_dir de",
+        ),
+        ("train --hub_model_id me/model --preset tiny", "train --hub_model_id me/model --preset tiny"),  # a Hub id
+    ],
+)
+def test_the_published_command_line_holds_no_token_and_no_local_path(command, expected):
+    from hf_vanilla_transformer.utils.redact import public_command
+
+    assert public_command(command, "/home/alice/runs/de") == expected
+
+
+def test_a_run_on_own_data_publishes_no_token_no_path_and_no_sentence(tmp_path):
+    """`train --hub_token ... --data_files /private/...`: results.json, the card and the log hold neither the token
+    nor the folders; the test sentences of the user's files stay out of the folder (examples, attention maps)."""
+    private = tmp_path / "alice" / "private"
+    private.mkdir(parents=True)
+    data = private / "mine.tsv"
+    data.write_bytes((ROOT / "tests" / "fixtures" / "libreoffice_help_en_de_200.tsv").read_bytes())
+    recipe = private / "recipe.yaml"
+    recipe.write_text("preset: tiny\nvocab_size: 500\n")
+    output = private / "runs" / "mine"
+    arguments = ["--recipe", str(recipe), "--data_files", str(data), "--output_dir", str(output)]
+    arguments += ["--data_cache_dir", str(tmp_path / "cache"), "--hub_token", TOKEN]
+    arguments += ["--max_steps", "4", "--save_steps", "4", "--average_last", "1", "--test_beams", "1"]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_VANILLA_TRANSFORMER_ALLOCATOR": "system"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results_text = (output / "results.json").read_text()
+    card = (output / "README.md").read_text()
+    for published in (results_text, card, result.stdout + result.stderr):
+        assert TOKEN not in published
+    for published in (results_text, card):
+        assert str(private) not in published and str(tmp_path) not in published
+    results = json.loads(results_text)
+    assert results["command"].endswith(
+        "--hub_token REDACTED --max_steps 4 --save_steps 4 --average_last 1 --test_beams 1"
+    )
+    assert "--recipe recipe.yaml --data_files mine.tsv --output_dir mine" in results["command"]
+    assert results["recipe"]["recipe_file"] == "recipe.yaml"
+    assert results["examples"] == [] and results["test"]["pairs"] > 0  # tested, not shown
+    sentences = [line.split("\t")[0] for line in data.read_text().splitlines()]
+    assert not any(sentence in card for sentence in sentences if len(sentence) > 12)
+    assert "Example translations are left out" in card
+    assert (output / "plots" / "positional_encoding.png").exists() and not list((output / "plots").glob("attention*"))
+
+
+def test_the_hub_gets_no_token_path_or_own_sentence_even_of_an_older_folder(trained_folder, tmp_path):
+    import shutil
+
+    from hf_vanilla_transformer.sharing.hub import stage_for_hub
+
+    folder = tmp_path / "run"
+    shutil.copytree(trained_folder[0], folder, ignore=shutil.ignore_patterns("checkpoint-*"))
+    results = json.loads((folder / "results.json").read_text())
+    assert results["examples"] and results["data"]["dataset"] == "local files"
+    home = str(Path.home())
+    results["command"] = f"python {home}/src/train.py --data_files {home}/data/mine.tsv --hub_token {TOKEN}"
+    del results["recipe"]["publish_examples"]  # as a folder of an earlier version records it
+    (folder / "results.json").write_text(json.dumps(results))
+    stage_for_hub(folder, tmp_path / "stage", repo_id="me/x")
+    staged, card = (tmp_path / "stage" / "results.json").read_text(), (tmp_path / "stage" / "README.md").read_text()
+    for published in (staged, card):
+        assert TOKEN not in published and home not in published and results["examples"][0]["source"] not in published
+    assert json.loads(staged)["command"] == "python train.py --data_files mine.tsv --hub_token REDACTED"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 6. The card's code quotes any sentence as one Python string
+# ---------------------------------------------------------------------------------------------------------------------
+
+HOSTILE = "Hi\\\"]);__import__('os').system('id')#"
+
+
+def test_the_cards_code_quotes_a_hostile_sentence_as_one_string(trained_folder):
+    import re
+
+    from hf_vanilla_transformer.sharing.model_card import render_model_card
+
+    results = json.loads((trained_folder[0] / "results.json").read_text())
+    hostile = HOSTILE + "\u202e\n'\\x"  # and a bidirectional override, a line end, a quote, a backslash
+    results["examples"][0]["source"] = hostile
+    card = render_model_card(results, repo_id="me/model")
+    blocks = re.findall(r"```python\n(.*?)```", card, flags=re.DOTALL)
+    assert len(blocks) == 2
+    calls, strings = [], []
+    for block in blocks:
+        for node in ast.walk(ast.parse(block)):
+            if isinstance(node, ast.Call):
+                calls.append(ast.unparse(node.func))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                strings.append(node.value)
+    assert sorted(calls) == sorted(
+        [
+            "AutoModelForSeq2SeqLM.from_pretrained",
+            "AutoTokenizer.from_pretrained",
+            "tokenizer",
+            "print",
+            "tokenizer.batch_decode",
+            "model.generate",
+            "pipeline",
+            "print",
+            "translator",
+        ]
+    )
+    assert strings.count(hostile) == 2 and strings.count("me/model") == 3
+    assert "\u202e" not in "".join(blocks) and "\\u202e" in blocks[0]  # escaped: visible, not obeyed
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Publishing stays explicit and says whether the repository is public
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("existing", "flags", "line"),
+    [
+        (None, [], "a new PUBLIC repository, which anyone can read (--private keeps it to you)."),
+        (None, ["--private"], "a new private repository."),
+        (False, ["--private"], "an existing PUBLIC repository, which anyone can read (--private does not change it)."),
+        (True, [], "an existing private repository."),
+    ],
+)
+def test_push_says_before_uploading_whether_the_repository_is_public(
+    trained_folder, monkeypatch, capsys, existing, flags, line
+):
+    from types import SimpleNamespace
+
+    import httpx2
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    from hf_vanilla_transformer.commands.push import main
+
+    def repo_info(self, repo_id, repo_type=None):
+        if existing is None:
+            response = httpx2.Response(404, request=httpx2.Request("GET", "https://huggingface.co/api/models/me/x"))
+            raise RepositoryNotFoundError("not found", response=response)
+        return SimpleNamespace(private=existing)
+
+    said_before = []
+
+    def create_repo(self, repo_id, **kwargs):
+        said_before.append(capsys.readouterr().out)
+        return SimpleNamespace(repo_id=repo_id)
+
+    monkeypatch.setattr(HfApi, "repo_info", repo_info)
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "create_commit", lambda self, **kwargs: SimpleNamespace(commit_url="https://hub/c/1"))
+    assert main([str(trained_folder[0]), "me/x", "--token", "hf_test", *flags], prog="push") == 0
+    assert said_before == [f"Publishing run to me/x: {line}\n"]
+
+
+def test_training_never_pushes_to_the_hub_by_itself(tmp_path):
+    from hf_vanilla_transformer.training.recipes import parse_arguments
+
+    with pytest.raises(ValueError, match=r"push_to_hub=True is not supported: publish the finished folder with"):
+        parse_arguments(["--preset", "tiny", "--output_dir", str(tmp_path / "run"), "--push_to_hub", "true"])

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..utils.machine import describe_machine
+from ..utils.redact import private_paths, public_command, publishable
 from .checkpoints import checkpoint_step
 from .preparation import PreparedRun
 
@@ -47,7 +48,8 @@ def epochs_for(max_steps: int, trainer) -> float:
 
 
 def run_results(run: PreparedRun, model, outcome: RunOutcome) -> dict:
-    """The `results.json` of a finished run (see the module docstring)."""
+    """The `results.json` of a finished run (see the module docstring), publishable: no token, no local path but
+    its name (utils/redact.py), test examples of the user's own files only where asked (`publishes_examples`)."""
     results = {
         "name": Path(run.args.output_dir).name,
         "parameters": describe_parameters(model),
@@ -63,17 +65,23 @@ def run_results(run: PreparedRun, model, outcome: RunOutcome) -> dict:
             {"source": source, "reference": reference, "translation": hypothesis}
             for source, reference, hypothesis in list(
                 zip(outcome.sources, outcome.references, outcome.hypotheses, strict=True)
-            )[: outcome.examples]
+            )[: outcome.examples if publishes_examples(run.recipe) else 0]
         ],
         "hardware": describe_machine(run.trainer.args.device),
-        "command": outcome.command,
+        "command": public_command(outcome.command, run.args.output_dir),
         "wall_seconds": time.time() - outcome.started,
     }
     if outcome.alpha_choice:
         results["length_penalty_choice"] = outcome.alpha_choice
     if run.source_check is not None:
         results["source_check"] = run.source_check.record()
-    return results
+    return publishable(results, private_paths(run.recipe, run.args), run.args.output_dir)
+
+
+def publishes_examples(recipe) -> bool:
+    """Whether the model folder shows test sentences (examples, attention maps): those of a public corpus, and of the
+    user's own files (`--data_files`) only with `--publish_examples`."""
+    return recipe.publish_examples or not recipe.data_files
 
 
 def requested(recipe, args) -> dict:
@@ -97,6 +105,7 @@ def requested(recipe, args) -> dict:
         "precision": recipe.precision or ("bf16" if args.bf16 else "fp32"),
         "attn_implementation": recipe.attn_implementation,
         "recipe_file": recipe.recipe,
+        "publish_examples": recipe.publish_examples,
         "max_minutes": recipe.max_minutes,
         "max_steps": args.max_steps,
     }

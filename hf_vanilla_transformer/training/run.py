@@ -33,7 +33,7 @@ from .checkpoints import checkpoint_folders, checkpoint_step, latest_checkpoint,
 from .choices import length_penalty_choices
 from .plan_record import remove_plan, write_plan
 from .preparation import PreparedRun, prepare_run
-from .results import RunOutcome, run_results
+from .results import RunOutcome, publishes_examples, run_results
 from .run_data import PreparedData
 
 
@@ -234,7 +234,8 @@ def _finish_run(run: PreparedRun, outcome: RunOutcome) -> dict:
     results = run_results(run, model, outcome)
     log = trainer.state.log_history
     write_json_atomically(output_dir / "training_log.json", {"log_history": log})
-    plots = write_run_plots(model, run.tokenizer, log, output_dir / "plots", plot_sentence(outcome.sources))
+    sentence = plot_sentence(outcome.sources) if publishes_examples(recipe) else None  # None: no attention maps
+    plots = write_run_plots(model, run.tokenizer, log, output_dir / "plots", sentence)
     write_model_card(output_dir, results, plots=[str(path.relative_to(output_dir)) for path in plots])
     write_json_atomically(output_dir / "results.json", results)
     return results
