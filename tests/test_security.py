@@ -355,3 +355,94 @@ def test_training_never_pushes_to_the_hub_by_itself(tmp_path):
 
     with pytest.raises(ValueError, match=r"push_to_hub=True is not supported: publish the finished folder with"):
         parse_arguments(["--preset", "tiny", "--output_dir", str(tmp_path / "run"), "--push_to_hub", "true"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 3. translate and score run a folder's own code only when asked
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def folder_with_code(folder: Path, marker: Path) -> Path:
+    """A model folder whose config.json points to code of its own (auto_map) that, imported, leaves `marker`."""
+    folder.mkdir()
+    (folder / "configuration_other.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).touch()\n"
+        "from transformers import PretrainedConfig\n\n\nclass OtherConfig(PretrainedConfig):\n"
+        '    model_type = "other"\n'
+    )
+    auto_map = {"AutoConfig": "configuration_other.OtherConfig", "AutoModelForSeq2SeqLM": "modeling_other.OtherModel"}
+    (folder / "config.json").write_text(json.dumps({"model_type": "other", "auto_map": auto_map}))
+    return folder
+
+
+@pytest.mark.parametrize("command", ["translate.py", "score.py"])
+def test_translate_and_score_run_a_folders_own_code_only_with_trust_remote_code(tmp_path, command):
+    marker = tmp_path / "ran"
+    folder = folder_with_code(tmp_path / "model", marker)
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
+    data = ["--data_files", str(ROOT / "tests" / "fixtures" / "libreoffice_help_en_de_test_40.tsv")]
+    extra = data if command == "score.py" else []
+    script = [sys.executable, str(ROOT / "scripts" / command), str(folder), *extra]
+    refused = subprocess.run(script, input="Hello.\n", capture_output=True, text=True, timeout=300, env=env)
+    assert not marker.exists()
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"{command}: {folder} holds code of its own (config.json's auto_map) for a model this package does not know: "
+        "not run. Pass --trust_remote_code (trust_remote_code=True) to run it, only if you trust its author."
+    )
+    asked = subprocess.run(
+        [*script, "--trust_remote_code"], input="Hello.\n", capture_output=True, text=True, timeout=300, env=env
+    )
+    assert asked.returncode == 1 and marker.exists()  # asked for: its code ran (the folder holds no model after)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 7. Translation inputs are tokenized with a bound; an over-long line is refused in one line
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class CountingTokenizer:
+    """A tokenizer that records the longest text it was asked to tokenize."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.longest = tokenizer, 0
+
+    def __call__(self, texts, **kwargs):
+        self.longest = max([self.longest, *map(len, texts)])
+        return self.tokenizer(texts, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def test_translate_refuses_a_line_longer_than_max_tokens_and_tokenizes_no_huge_one(trained_folder):
+    from hf_vanilla_transformer.evaluation.translation import load_translator, translate
+
+    model, tokenizer = load_translator(trained_folder[0])
+    counting = CountingTokenizer(tokenizer)
+    for bad in (0, -5, 2.5, True):
+        with pytest.raises(ValueError, match=rf"max_tokens={bad!r} is invalid; expected a positive number of tokens"):
+            translate(model, counting, ["Save it."], max_tokens=bad, progress=False)
+    with pytest.raises(ValueError, match=r"^line 2 is 1,000,000 characters long, more than max_tokens=100 tokens can"):
+        translate(model, counting, ["Save it.", "x" * 1_000_000], max_tokens=100, progress=False)
+    assert counting.longest == 0  # refused before anything was tokenized
+    long = " ".join(["Choose Format - Cells."] * 40)
+    tokens = len(tokenizer(long)["input_ids"])
+    with pytest.raises(ValueError, match=rf"^line 3 is {tokens} tokens long, more than max_tokens=100 \(the padded"):
+        translate(model, counting, ["Save it.", "", long], max_tokens=100, progress=False)
+    assert translate(model, tokenizer, ["", long], max_tokens=tokens, num_beams=1, progress=False)[1]
+
+
+def test_the_translate_command_checks_max_tokens_and_names_an_over_long_line(trained_folder):
+    script = [sys.executable, str(ROOT / "scripts" / "translate.py"), str(trained_folder[0])]
+    zero = subprocess.run([*script, "--max_tokens", "0"], input="Hi.\n", capture_output=True, text=True, timeout=300)
+    assert zero.returncode == 2
+    assert "argument --max_tokens: '0' is invalid; expected a positive number of tokens" in zero.stderr
+    huge = "Save it.\n" + "word " * 200_000 + "\n"
+    refused = subprocess.run(script, input=huge, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "translate.py: line 2 is 1,000,000 characters long, more than max_tokens=4000 tokens can hold (128,000 "
+        "characters); split it, or raise max_tokens (--max_tokens)."
+    )
