@@ -446,3 +446,35 @@ def test_the_translate_command_checks_max_tokens_and_names_an_over_long_line(tra
         "translate.py: line 2 is 1,000,000 characters long, more than max_tokens=4000 tokens can hold (128,000 "
         "characters); split it, or raise max_tokens (--max_tokens)."
     )
+
+
+def test_a_corpus_line_is_read_with_a_bound_and_an_over_long_one_counted(tmp_path):
+    import tracemalloc
+    from collections import Counter
+
+    from hf_vanilla_transformer.data.corpora import SKIPPED, parallel_pairs
+
+    good = "Open a file.\tÖffnen Sie eine Datei.\n"
+    path = tmp_path / "pairs.tsv"
+    with path.open("w", encoding="utf-8") as handle:
+        handle.write(good + "x" * 30_000_000 + "\tno pair\n" + good + "y" * 30_000_000 + "\tno line end")
+    skipped = Counter()
+    tracemalloc.start()
+    try:
+        pairs = list(parallel_pairs(path, skipped=skipped))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert pairs == [("Open a file.", "Öffnen Sie eine Datei.")] * 2
+    assert skipped == {SKIPPED["long"]: 2}
+    assert peak < 4_000_000, peak  # a few hundred kB of a line at a time, never the 30 MB
+
+
+def test_a_deeply_nested_jsonl_line_is_refused_naming_the_file_and_the_line(tmp_path):
+    from hf_vanilla_transformer.data.corpora import parallel_files_corpus
+    from hf_vanilla_transformer.data.splits import DataFileError
+
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"source": "a", "target": "b"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(DataFileError, match=r"deep\.jsonl:2 is not JSON \(nested too deep\); expected one object"):
+        parallel_files_corpus(str(path), cache_dir=tmp_path / "cache")

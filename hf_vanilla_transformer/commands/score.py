@@ -23,7 +23,7 @@ from ..data.corpora import load_corpus
 from ..data.splits import CorpusError
 from ..deploy.engines import add_engine_argument, check_engine_arguments, load_export
 from ..evaluation.metrics import compute_bleu
-from ..evaluation.translation import evaluate_translations, load_translator
+from ..evaluation.translation import add_remote_code_argument, evaluate_translations, load_translator
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
@@ -42,12 +42,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--tokenized_bleu", action="store_true", help="also the paper-style tokenized BLEU")
     parser.add_argument("--output", help="write the translations here, one per line")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument(
-        "--trust_remote_code",
-        action="store_true",
-        help="run the model folder's own code (config.json's auto_map) where it is not this package's model: only "
-        "for a folder or repository whose author you trust (default: never)",
-    )
+    add_remote_code_argument(parser)
     args = parser.parse_args(argv)
     check_engine_arguments(parser, args)
 

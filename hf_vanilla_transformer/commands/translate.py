@@ -24,7 +24,7 @@ import torch
 
 from ..data.corpora import decode_text, read_text
 from ..deploy.engines import add_engine_argument, check_engine_arguments, load_export
-from ..evaluation.translation import COMPILE_CHOICES, load_translator, translate
+from ..evaluation.translation import COMPILE_CHOICES, add_remote_code_argument, load_translator, translate
 
 
 def positive_tokens(text: str) -> int:
@@ -48,19 +48,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--input", help="input file (default: standard input)")
     parser.add_argument("--output", help="output file (default: standard output)")
     parser.add_argument("--num_beams", type=int, help="beam size (default: the model's, 4)")
-    parser.add_argument(
-        "--max_tokens",
-        type=positive_tokens,
-        default=4000,
-        help="padded source tokens per batch; a line of more tokens is refused (default 4000)",
-    )
+    parser.add_argument("--max_tokens", type=positive_tokens, default=4000, help="padded source tokens per batch")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument(
-        "--trust_remote_code",
-        action="store_true",
-        help="run the model folder's own code (config.json's auto_map) where it is not this package's model: only "
-        "for a folder or repository whose author you trust (default: never)",
-    )
+    add_remote_code_argument(parser)
     parser.add_argument(
         "--compile",
         choices=COMPILE_CHOICES,

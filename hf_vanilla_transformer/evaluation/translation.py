@@ -47,6 +47,16 @@ def load_translator(model: str | Path, device: str | torch.device = "cpu", trust
     return loaded, tokenizer
 
 
+def add_remote_code_argument(parser) -> None:
+    """The commands' `--trust_remote_code`: the one way to run a model folder's own code (`load_translator`)."""
+    parser.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="run the model folder's own code (config.json's auto_map) where it is not this package's model: only "
+        "for a folder or repository whose author you trust (default: never)",
+    )
+
+
 # Sentences after which a compiled decoding step (static cache + torch.compile) has paid for its compilation, per
 # device kind; a kind not listed stays eager under compile="auto".
 # - CPU: never. On a 2-core AVX2 CPU the compiled step decodes 5-12% faster on batches of one shape
