@@ -478,3 +478,104 @@ def test_a_deeply_nested_jsonl_line_is_refused_naming_the_file_and_the_line(tmp_
     path.write_text('{"source": "a", "target": "b"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(DataFileError, match=r"deep\.jsonl:2 is not JSON \(nested too deep\); expected one object"):
         parallel_files_corpus(str(path), cache_dir=tmp_path / "cache")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# 8. The Debian download changes nothing on the system, keeps to its folder and has caps
+# ---------------------------------------------------------------------------------------------------------------------
+
+FAKE_TOOL = """#!{python}
+import json, os, sys
+from pathlib import Path
+with open({log!r}, "a") as log:
+    log.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")
+behaviour = json.loads(Path({behaviour!r}).read_text())
+tool, arguments = os.path.basename(sys.argv[0]), sys.argv[1:]
+if tool == "apt-get" and arguments[0] == "download":
+    if behaviour["known"] is False:
+        sys.stderr.write("E: Unable to locate package " + arguments[1] + "\\n")
+        sys.exit(100)
+    Path(arguments[1] + "_1.0_all.deb").write_bytes(b"!" * behaviour["deb_bytes"])
+elif tool == "dpkg-deb" and arguments[0] == "-f":
+    print(behaviour["installed_kib"])
+elif tool == "dpkg-deb" and arguments[0] == "-x":
+    os.makedirs(arguments[2], exist_ok=True)
+    Path(arguments[2], "page.html").write_bytes(b"x" * behaviour["unpacked_bytes"])
+"""
+
+
+@pytest.fixture
+def fake_apt(tmp_path, monkeypatch):
+    """apt-get and dpkg-deb stand-ins on PATH that log their calls and behave as `behaviour` says; returns
+    (set the behaviour, read the calls)."""
+    bin_dir, log, behaviour = tmp_path / "bin", tmp_path / "calls.jsonl", tmp_path / "behaviour.json"
+    bin_dir.mkdir()
+    for tool in ("apt-get", "dpkg-deb"):
+        (bin_dir / tool).write_text(FAKE_TOOL.format(python=sys.executable, log=str(log), behaviour=str(behaviour)))
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+    def behave(**settings):
+        defaults = {"known": True, "deb_bytes": 100, "installed_kib": 1, "unpacked_bytes": 100}
+        behaviour.write_text(json.dumps({**defaults, **settings}))
+
+    def calls():
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    return behave, calls
+
+
+def test_an_unknown_package_asks_for_apt_get_update_and_never_runs_it(tmp_path, fake_apt):
+    from hf_vanilla_transformer.data.libreoffice import fetch_debian_package
+    from hf_vanilla_transformer.data.splits import CorpusError
+
+    behave, calls = fake_apt
+    behave(known=False)
+    with pytest.raises(CorpusError) as refused:
+        fetch_debian_package("libreoffice-help-xx", tmp_path / "cache")
+    assert str(refused.value) == (
+        "apt-get does not know the package libreoffice-help-xx: its package index is missing or out of date. Run "
+        "`sudo apt-get update` (this program never changes the system), then try again."
+    )
+    assert calls() == [["apt-get", "download", "libreoffice-help-xx"]]
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "message", "unpacked"),
+    [
+        ({"deb_bytes": 3000}, r"libreoffice-help-xx_1\.0_all\.deb is 3,000 bytes, more than a corpus package", False),
+        ({"installed_kib": 10}, r"_all\.deb unpacks to 10,240 bytes, more than a corpus package may \(5,000\)", False),
+        ({"unpacked_bytes": 6000}, r"_all\.deb unpacked to 6,000 bytes, more than a corpus package may", True),
+    ],
+)
+def test_a_package_over_its_size_caps_is_refused(tmp_path, fake_apt, monkeypatch, behaviour, message, unpacked):
+    from hf_vanilla_transformer.data import libreoffice
+    from hf_vanilla_transformer.data.splits import CorpusError
+
+    behave, calls = fake_apt
+    behave(**behaviour)
+    monkeypatch.setattr(libreoffice, "MAX_DEB_BYTES", 2000)
+    monkeypatch.setattr(libreoffice, "MAX_UNPACKED_BYTES", 5000)
+    with pytest.raises(CorpusError, match=message):
+        libreoffice.fetch_debian_package("libreoffice-help-xx", tmp_path / "cache")
+    assert any(call[:2] == ["dpkg-deb", "-x"] for call in calls()) == unpacked
+    assert not (tmp_path / "cache" / "debs" / "libreoffice-help-xx").exists()
+    behave()  # within the caps: unpacked
+    folder = libreoffice.fetch_debian_package("libreoffice-help-xx", tmp_path / "cache")
+    assert (folder / "page.html").stat().st_size == 100
+
+
+def test_the_help_pages_read_keep_to_the_unpacked_folder(tmp_path):
+    from hf_vanilla_transformer.data.libreoffice import align_help_trees
+
+    page = '<html><body><p id="par_id1">{}</p></body></html>'
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.html").write_text(page.format("private words"))
+    for lang, text in (("en-US", "Open a file."), ("de", "Öffnen Sie eine Datei.")):
+        root = tmp_path / "help" / lang
+        root.mkdir(parents=True)
+        (root / "page.html").write_text(page.format(text))
+        (root / "linked.html").symlink_to(outside / "secret.html")
+    rows = list(align_help_trees(tmp_path / "help" / "en-US", tmp_path / "help" / "de"))
+    assert rows == [("page.html", "Open a file.", "Öffnen Sie eine Datei.")]
