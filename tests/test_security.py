@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -579,3 +580,84 @@ def test_the_help_pages_read_keep_to_the_unpacked_folder(tmp_path):
         (root / "linked.html").symlink_to(outside / "secret.html")
     rows = list(align_help_trees(tmp_path / "help" / "en-US", tmp_path / "help" / "de"))
     assert rows == [("page.html", "Open a file.", "Öffnen Sie eine Datei.")]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Done when: a scan of the package's source finds none of these mistakes
+# ---------------------------------------------------------------------------------------------------------------------
+
+TEMPORARY_OR_LOCK = re.compile(r"lock|temp|tmp", re.IGNORECASE)
+WRITES = ("open", "write_text", "write_bytes", "touch")
+
+
+def file_name(expression: ast.expr) -> str:
+    """The source of the file's own name in a path expression: `folder / NAME` -> `NAME` (a file inside a folder
+    this process made is not itself a temporary file), anything else as written."""
+    if isinstance(expression, ast.BinOp) and isinstance(expression.op, ast.Div):
+        return ast.unparse(expression.right)
+    return ast.unparse(expression)
+
+
+def unsafe_calls(source: str) -> list[str]:
+    """What in `source` (a module's text) would run code or follow a link: a `torch.load` without
+    `weights_only=True`, `trust_remote_code=True` written out (an opt-in passes the user's choice, never the
+    constant), and a lock or temporary file (named so) opened by `open`, `Path.open`/`write_*`/`touch`, or by
+    `os.open` without `O_NOFOLLOW` (its flags, or the module-level name they are kept in)."""
+    tree = ast.parse(source)
+    names = {
+        target.id: ast.unparse(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and key.value == "trust_remote_code" and ast.unparse(value) == "True":
+                    found.append(ast.unparse(node))
+        if not isinstance(node, ast.Call):
+            continue
+        call, keywords = ast.unparse(node.func), {k.arg: ast.unparse(k.value) for k in node.keywords}
+        if keywords.get("trust_remote_code") == "True":
+            found.append(ast.unparse(node))
+        if call in ("torch.load", "load") and keywords.get("weights_only") != "True":
+            found.append(ast.unparse(node))
+        if call == "os.open" and node.args and TEMPORARY_OR_LOCK.search(ast.unparse(node.args[0])):
+            flags = ast.unparse(node.args[1]) if len(node.args) > 1 else ""
+            if "O_NOFOLLOW" not in names.get(flags, flags):
+                found.append(ast.unparse(node))
+        opened = node.args[0] if call == "open" and node.args else None
+        if isinstance(node.func, ast.Attribute) and node.func.attr in WRITES:
+            opened = node.func.value
+        if call != "os.open" and opened is not None and TEMPORARY_OR_LOCK.search(file_name(opened)):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_the_scan_finds_each_mistake_it_looks_for():
+    bad = """
+import os, torch
+torch.load(path, weights_only=False)
+torch.load(path)
+model = AutoModel.from_pretrained(name, trust_remote_code=True)
+options = {"trust_remote_code": True}
+with lock.open("a+") as handle: pass
+with open(temporary, "w") as handle: pass
+(folder / f"{name}.tmp").write_text("x")
+(temporary / "inside.json").write_text("x")
+os.open(lock_file, os.O_RDWR | os.O_CREAT)
+FLAGS = os.O_RDWR | os.O_NOFOLLOW
+os.open(lock_file, FLAGS)
+torch.load(path, weights_only=True)
+AutoModel.from_pretrained(name, trust_remote_code=trust_remote_code)
+"""
+    assert len(unsafe_calls(bad)) == 8
+
+
+def test_the_package_loads_no_pickle_runs_no_remote_code_unasked_and_follows_no_link():
+    found = {
+        str(path.relative_to(ROOT)): unsafe_calls(path.read_text(encoding="utf-8")) for path in PACKAGE.rglob("*.py")
+    }
+    assert {path: calls for path, calls in found.items() if calls} == {}
