@@ -9,6 +9,7 @@ package's source finds none of these mistakes again."""
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import re
@@ -376,26 +377,46 @@ def folder_with_code(folder: Path, marker: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("command", ["translate.py", "score.py"])
-def test_translate_and_score_run_a_folders_own_code_only_with_trust_remote_code(tmp_path, command):
+def test_translate_and_score_run_a_folders_own_code_only_with_trust_remote_code(tmp_path, monkeypatch):
+    from hf_vanilla_transformer.commands import score, translate
+    from hf_vanilla_transformer.evaluation.translation import load_translator
+
+    marker = tmp_path / "ran"
+    folder = folder_with_code(tmp_path / "model", marker)
+    with pytest.raises(OSError) as refused:
+        load_translator(folder)
+    assert not marker.exists()
+    assert str(refused.value) == (
+        f"{folder} holds code of its own (config.json's auto_map) for a model this package does not know: not run. "
+        "Pass --trust_remote_code (trust_remote_code=True) to run it, only if you trust its author."
+    )
+    asked = []  # the commands pass the flag on, and only the flag
+
+    def loading(model, device, trust_remote_code=False):
+        asked.append(trust_remote_code)
+        raise OSError("stop here")
+
+    monkeypatch.setattr("hf_vanilla_transformer.data.cache.DEFAULT_CACHE", tmp_path / "cache")
+    monkeypatch.setattr(translate, "load_translator", loading)
+    monkeypatch.setattr(score, "load_translator", loading)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"Hello.\n")))
+    data = ["--data_files", str(ROOT / "tests" / "fixtures" / "libreoffice_help_en_de_test_40.tsv")]
+    for command, extra in ((translate, []), (score, data)):
+        for flags in ([], ["--trust_remote_code"]):
+            with pytest.raises(SystemExit, match="stop here"):
+                command.main([str(folder), *extra, *flags], prog="x")
+    assert asked == [False, True, False, True]
+
+
+def test_the_translate_command_refuses_a_folders_own_code_in_one_line(tmp_path):
     marker = tmp_path / "ran"
     folder = folder_with_code(tmp_path / "model", marker)
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
-    data = ["--data_files", str(ROOT / "tests" / "fixtures" / "libreoffice_help_en_de_test_40.tsv")]
-    extra = data if command == "score.py" else []
-    script = [sys.executable, str(ROOT / "scripts" / command), str(folder), *extra]
+    script = [sys.executable, str(ROOT / "scripts" / "translate.py"), str(folder)]
     refused = subprocess.run(script, input="Hello.\n", capture_output=True, text=True, timeout=300, env=env)
     assert not marker.exists()
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
-    last = refused.stderr.strip().splitlines()[-1]
-    assert last == (
-        f"{command}: {folder} holds code of its own (config.json's auto_map) for a model this package does not know: "
-        "not run. Pass --trust_remote_code (trust_remote_code=True) to run it, only if you trust its author."
-    )
-    asked = subprocess.run(
-        [*script, "--trust_remote_code"], input="Hello.\n", capture_output=True, text=True, timeout=300, env=env
-    )
-    assert asked.returncode == 1 and marker.exists()  # asked for: its code ran (the folder holds no model after)
+    assert refused.stderr.strip().splitlines()[-1].startswith(f"translate.py: {folder} holds code of its own")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -435,16 +456,19 @@ def test_translate_refuses_a_line_longer_than_max_tokens_and_tokenizes_no_huge_o
     assert translate(model, tokenizer, ["", long], max_tokens=tokens, num_beams=1, progress=False)[1]
 
 
-def test_the_translate_command_checks_max_tokens_and_names_an_over_long_line(trained_folder):
-    script = [sys.executable, str(ROOT / "scripts" / "translate.py"), str(trained_folder[0])]
-    zero = subprocess.run([*script, "--max_tokens", "0"], input="Hi.\n", capture_output=True, text=True, timeout=300)
-    assert zero.returncode == 2
-    assert "argument --max_tokens: '0' is invalid; expected a positive number of tokens" in zero.stderr
+def test_the_translate_command_checks_max_tokens_and_names_an_over_long_line(trained_folder, monkeypatch, capsys):
+    from hf_vanilla_transformer.commands.translate import main
+
+    with pytest.raises(SystemExit) as zero:
+        main([str(trained_folder[0]), "--max_tokens", "0"], prog="translate")
+    assert zero.value.code == 2
+    assert "argument --max_tokens: '0' is invalid; expected a positive number of tokens" in capsys.readouterr().err
     huge = "Save it.\n" + "word " * 200_000 + "\n"
-    refused = subprocess.run(script, input=huge, capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
-    assert refused.stderr.strip().splitlines()[-1] == (
-        "translate.py: line 2 is 1,000,000 characters long, more than max_tokens=4000 tokens can hold (128,000 "
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(huge.encode())))
+    with pytest.raises(SystemExit) as refused:
+        main([str(trained_folder[0])], prog="translate")
+    assert refused.value.code == (
+        "translate: line 2 is 1,000,000 characters long, more than max_tokens=4000 tokens can hold (128,000 "
         "characters); split it, or raise max_tokens (--max_tokens)."
     )
 
