@@ -68,6 +68,7 @@ def trained_folder(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]
         *("--vocab_size", "500", "--save_steps", "10", "--average_last", "3"),
         *("--test_beams", "2", "--logging_steps", "5", "--length_penalty_choices", "0.6,3"),
         *("--eval_strategy", "steps", "--eval_steps", "15", "--max_eval_samples", "10", "--generation_num_beams", "1"),
+        *("--publish_examples", "true"),  # local files, but public ones: the folder shows its examples
         cwd=output.parent,
     )
     assert result.returncode == 0, result.stderr[-3000:]

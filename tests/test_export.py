@@ -431,3 +431,12 @@ def test_deploy_benchmark_runs_every_engine_and_the_exact_ones_agree(trained, tm
     assert all(value > 0 for value in memory.values())
     assert results["machine"] in result.stdout and "| ctranslate2_int8_alpha1.5 |" in result.stdout
     assert results["ctranslate2_default_alpha"] == 0.48  # the model's GNMT 0.6, carried over
+
+
+def test_the_exports_record_no_absolute_path(trained, onnx_folder):
+    """export_info.json names the model folder it was made from by its name (a shared export tells no local path)."""
+    for export in (trained[1], onnx_folder):
+        for name in (EXPORT_INFO, "README.md", "config.json", "tokenizer_config.json"):
+            if (export / name).exists():
+                assert str(trained[0].parent) not in (export / name).read_text(), (export, name)
+        assert json.loads((export / EXPORT_INFO).read_text())["source"] == "model"

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ..configs import config_files
+from ..utils.files import create_temporary_file
 from ..utils.machine import describe_machine, memory_now, peak_rss_bytes, reset_peak_rss
 from .measure import versions
 
@@ -71,8 +72,8 @@ def synthesize_corpus(pairs: int, folder: Path, seed: int = 0, held_out: int = 2
     rng = np.random.default_rng(seed)
     first, second = rng.integers(0, len(sources), pairs), rng.integers(0, len(sources), pairs)
     joined = rng.random(pairs) < 0.5
-    temporary = files["train"].with_suffix(".tmp")
-    with temporary.open("w", encoding="utf-8") as out:
+    temporary, descriptor = create_temporary_file(files["train"])  # a new file, never through a link
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
         for a, b, join in zip(first.tolist(), second.tolist(), joined.tolist(), strict=True):
             source = f"{sources[a]} {sources[b]}" if join else sources[a]
             target = f"{targets[a]} {targets[b]}" if join else targets[a]

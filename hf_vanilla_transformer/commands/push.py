@@ -8,7 +8,9 @@ What goes up: the weights (safetensors), config.json (with `auto_map` and the tr
 the model card (README.md, rendered for REPO_ID and checked with huggingface_hub), results.json, training_log.json
 and the plots. Checkpoints and other training leftovers stay home. `--dry-run` lists exactly these files with their
 sizes and touches no network. Without a token (`hf auth login` or HF_TOKEN) or without a network the script stops
-with a message before anything is uploaded.
+with a message before anything is uploaded. Before uploading it says in one line whether the repository will be
+public (a new repository is, unless --private) or private. results.json and the card go up without tokens or local
+paths, and without test sentences of your own data unless training was asked to publish them (docs/security.md).
 """
 
 import argparse
@@ -42,7 +44,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     options = parser.parse_args(argv)
     try:
         plan, url = push_model_folder(
-            options.model_dir, options.repo_id, private=options.private, token=options.token, dry_run=options.dry_run
+            options.model_dir,
+            options.repo_id,
+            private=options.private,
+            token=options.token,
+            dry_run=options.dry_run,
+            say=lambda line: print(line, flush=True),
         )
     except PublishError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -23,7 +23,7 @@ from ..data.corpora import load_corpus
 from ..data.splits import CorpusError
 from ..deploy.engines import add_engine_argument, check_engine_arguments, load_export
 from ..evaluation.metrics import compute_bleu
-from ..evaluation.translation import evaluate_translations, load_translator
+from ..evaluation.translation import add_remote_code_argument, evaluate_translations, load_translator
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--tokenized_bleu", action="store_true", help="also the paper-style tokenized BLEU")
     parser.add_argument("--output", help="write the translations here, one per line")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_remote_code_argument(parser)
     args = parser.parse_args(argv)
     check_engine_arguments(parser, args)
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
                 raise ValueError(f"--split {args.split!r} is not one of {sorted(corpus)}")
             pairs = corpus[args.split]
         if args.engine == "torch":
-            model, tokenizer = load_translator(args.model, args.device)
+            model, tokenizer = load_translator(args.model, args.device, trust_remote_code=args.trust_remote_code)
         else:
             engine = load_export(args.engine, args.model, args.device, workers=args.workers)
     except (OSError, ValueError, CorpusError) as error:
@@ -68,9 +69,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
     sources, references = list(pairs["source"]), list(pairs["target"])
     if args.engine == "torch":
-        scores, hypotheses = evaluate_translations(
-            model, tokenizer, sources, references, tokenized_bleu=args.tokenized_bleu, **kwargs
-        )
+        try:
+            scores, hypotheses = evaluate_translations(
+                model, tokenizer, sources, references, tokenized_bleu=args.tokenized_bleu, **kwargs
+            )
+        except ValueError as error:  # a source too long to translate, named
+            raise SystemExit(f"{prog}: {error}") from None
     else:
         hypotheses = engine.translate(sources, **kwargs)
         scores = compute_bleu(hypotheses, references, tokenized=args.tokenized_bleu)

@@ -35,6 +35,7 @@ from ..training.recipes import machine_recipe, parse_run
 from ..training.run import train_and_evaluate
 from ..utils.files import DiskFullError, is_disk_full
 from ..utils.locks import FolderInUseError
+from ..utils.redact import public_command
 
 
 MAIN_JOB_FOLDER = "outputs/vanilla-transformer-en-de"
@@ -79,7 +80,7 @@ def train_from_command_line(
     except ValueError as error:
         raise SystemExit(f"{script}: {error}") from None
     try:
-        return _train_and_report(settings, _command(argv, prog))
+        return _train_and_report(settings, public_command(_command(argv, prog), settings.output_dir))
     except USER_ERRORS as error:
         raise SystemExit(f"{script}: {error}") from None
     except (DiskFullError, FolderInUseError) as error:
@@ -105,7 +106,8 @@ def process_start_time() -> float:
 
 
 def _command(argv: list[str] | None, prog: str | None) -> str:
-    """The command line as typed, for results.json: the script's or the installed command's."""
+    """The command line as typed, for results.json: the script's or the installed command's (published without its
+    tokens and paths: `public_command`)."""
     if prog is None:
         return shlex.join(["python", *sys.argv] if argv is None else ["vanilla-transformer", "train", *argv])
     return shlex.join([*prog.split(), *(sys.argv[1:] if argv is None else argv)])

@@ -10,8 +10,9 @@ Sentences are batched by length (longest first) and written back in input order;
 empty line without running the model. Decoding uses the model's generation config (the paper's beam 4, GNMT length
 penalty 0.6, source length + 50) unless a flag overrides it. `--compile auto` compiles the decoding step where it pays: on CUDA from
 4,000 sentences (an estimate, docs/gpu.md), never on a CPU (real input decodes faster eager there, docs/speed.md). A
-missing or unreadable input file or model folder ends the command with one line saying what was expected (exit
-status 1).
+missing or unreadable input file or model folder, or a line longer than --max_tokens tokens, ends the command with
+one line saying what was expected (exit status 1). The model is this package's; a folder's own code runs only with
+--trust_remote_code.
 """
 
 import argparse
@@ -23,7 +24,18 @@ import torch
 
 from ..data.corpora import decode_text, read_text
 from ..deploy.engines import add_engine_argument, check_engine_arguments, load_export
-from ..evaluation.translation import COMPILE_CHOICES, load_translator, translate
+from ..evaluation.translation import COMPILE_CHOICES, add_remote_code_argument, load_translator, translate
+
+
+def positive_tokens(text: str) -> int:
+    """--max_tokens: a positive whole number of tokens (argparse names the flag and the value otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; expected a positive number of tokens")
+    return value
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
@@ -36,8 +48,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--input", help="input file (default: standard input)")
     parser.add_argument("--output", help="output file (default: standard output)")
     parser.add_argument("--num_beams", type=int, help="beam size (default: the model's, 4)")
-    parser.add_argument("--max_tokens", type=int, default=4000, help="padded source tokens per batch")
+    parser.add_argument("--max_tokens", type=positive_tokens, default=4000, help="padded source tokens per batch")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_remote_code_argument(parser)
     parser.add_argument(
         "--compile",
         choices=COMPILE_CHOICES,
@@ -54,7 +67,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             raise FileNotFoundError(f"the folder of --output {args.output} does not exist")
         text = read_text(args.input) if args.input else decode_text(sys.stdin.buffer.read(), "<stdin>")
         if args.engine == "torch":
-            model, tokenizer = load_translator(args.model, args.device)
+            model, tokenizer = load_translator(args.model, args.device, trust_remote_code=args.trust_remote_code)
         else:
             engine = load_export(args.engine, args.model, args.device, workers=args.workers)
     except (OSError, ValueError) as error:
@@ -67,9 +80,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         outputs = engine.translate(lines, **kwargs)
     else:
         progress = sys.stderr.isatty()
-        outputs = translate(
-            model, tokenizer, lines, max_tokens=args.max_tokens, progress=progress, compile=args.compile, **kwargs
-        )
+        try:
+            outputs = translate(
+                model, tokenizer, lines, max_tokens=args.max_tokens, progress=progress, compile=args.compile, **kwargs
+            )
+        except ValueError as error:  # a line too long for --max_tokens, named
+            raise SystemExit(f"{prog}: {error}") from None
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as handle:

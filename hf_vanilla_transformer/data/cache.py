@@ -37,7 +37,7 @@ import pyarrow as pa
 from datasets import Dataset
 from datasets.table import MemoryMappedTable
 
-from ..utils.files import disk_full, folder_bytes, is_disk_full
+from ..utils.files import disk_full, folder_bytes, is_disk_full, write_text_atomically
 from ..utils.locks import preparing
 from ..utils.machine import release_mapped_pages
 
@@ -120,9 +120,7 @@ def _write_json(path: Path, value: dict) -> None:
     (read-only, full) only costs the work again next time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-        temporary.write_text(json.dumps(value) + "\n", encoding="utf-8")
-        temporary.replace(path)
+        write_text_atomically(path, json.dumps(value) + "\n", sync=False)
     except OSError:
         pass
 
@@ -294,17 +292,33 @@ def publish_folder(temporary: Path, path: Path) -> Path:
 
 
 def temporary_folder(path: Path) -> Path:
-    """A fresh folder beside `path` to write it in, unique to this process on this machine (a cache folder may be
-    shared storage); those a killed process of this machine left for the same `path` are removed."""
+    """A fresh folder beside `path` to write it in, `<name>.tmp-<host>_<where>-<pid>-<random>`: unique to this process
+    on this machine (a cache folder may be shared storage). Those that a dead process left for the same `path` are
+    removed where they provably come from here (`process_space`: the same kernel, booted once, and the same process
+    ids), never another machine's or container's, even one with the same host name."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    where = process_space()
     host = socket.gethostname().replace("-", "_")
-    for leftover in path.parent.glob(f"{path.name}.tmp-{host}-*"):
-        pid = leftover.name.split("-")[-2]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(leftover, ignore_errors=True)
-    temporary = path.with_name(f"{path.name}.tmp-{host}-{os.getpid()}-{secrets.token_hex(4)}")
+    if where is not None:
+        for leftover in path.parent.glob(f"{path.name}.tmp-{host}_{where}-*"):
+            pid = leftover.name.split("-")[-2]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(leftover, ignore_errors=True)
+    temporary = path.with_name(f"{path.name}.tmp-{host}_{where or 'unknown'}-{os.getpid()}-{secrets.token_hex(4)}")
     temporary.mkdir()
     return temporary
+
+
+def process_space() -> str | None:
+    """A key of where this process's id names this process: the kernel's boot id (random at every boot, so another
+    machine's differs) and the process-id namespace (a container has its own: two containers on one kernel number
+    their processes apart). None where the system does not say (no /proc): leftovers are then never removed."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+        namespace = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return None
+    return text_key(boot, namespace)[:12]
 
 
 def _alive(pid: int) -> bool:

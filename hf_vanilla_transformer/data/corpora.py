@@ -32,6 +32,7 @@ from ..utils.machine import release_mapped_pages
 from .cache import building, cache_root, complete_folder, entry_lock, files_key, open_arrow
 from .libreoffice import libreoffice_help_corpus, libreoffice_ui_corpus
 from .splits import SPLITS, CorpusError, DataFileError
+from .text_files import LONGEST_LINE, LONGEST_SIDE, text_lines
 
 
 logger = logging.getLogger(__name__)
@@ -43,11 +44,10 @@ PAIR_FEATURES = Features({"source": Value("string"), "target": Value("string")})
 WRITE_BATCH = 50_000
 LAYOUT = "corpus-2"  # in the cache key: a corpus cached in another layout is written again
 # Lines of a parallel file that are no sentence pair: left out and counted (`parallel_pairs`).
-LONGEST_SIDE = 20_000  # characters: a sentence, even a long paragraph, is far shorter; a megabyte line is no pair
-SKIPPED = {
+SKIPPED = {  # (a line is read with a bound, text_files.py: a longer one is skipped unread)
     "empty": "an empty source or target",
     "nul": "a NUL byte",
-    "long": f"a side longer than {LONGEST_SIDE:,} characters",
+    "long": f"a side longer than {LONGEST_SIDE:,} characters (or a line longer than {LONGEST_LINE:,} bytes)",
 }
 SKIPPED_FILE = "skipped.json"  # in a corpus's cache folder: {split: {reason: lines}}
 
@@ -102,8 +102,9 @@ def parallel_pairs(
 ) -> Iterator[tuple[str, str]]:
     """The (source, target) pairs of a file (see `read_parallel_file`), read line by line, stripped. A pair that is
     no sentence pair is left out and counted in `skipped` by reason (`SKIPPED`): an empty side, a NUL byte, a side
-    longer than `LONGEST_SIDE` characters. What breaks the file's format (bytes that are not UTF-8, a line that is
-    no TSV or JSONL record, two files of different lengths) refuses the whole file, naming it and the line."""
+    longer than `LONGEST_SIDE` characters, a line longer than `LONGEST_LINE` bytes (skipped unread). What breaks the
+    file's format (bytes that are not UTF-8, a line that is no TSV or JSONL record, JSON nested too deep to read, two
+    files of different lengths) refuses the whole file, naming it and the line."""
     path = _check_file(path)
     if target_path is not None:
         pairs = _aligned_pairs(path, _check_file(target_path))
@@ -113,6 +114,9 @@ def parallel_pairs(
         pairs = _tsv_pairs(path)
     skipped = Counter() if skipped is None else skipped
     for source, target in pairs:
+        if source is None or target is None:  # a line too long to read (`text_files.LONGEST_LINE`)
+            skipped[SKIPPED["long"]] += 1
+            continue
         source, target = source.strip(), target.strip()
         if not source or not target:
             skipped[SKIPPED["empty"]] += 1
@@ -131,21 +135,6 @@ def _check_file(path: str | Path) -> Path:
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder; expected a UTF-8 text file.")
     return path
-
-
-def text_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, line without its end) of a UTF-8 file, read as a stream; bytes that are not UTF-8 raise a
-    DataFileError naming the file, the line and the byte."""
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise DataFileError(
-                    f"{path}:{number} is not UTF-8 text (byte {raw[error.start]:#04x}: {error.reason}); expected a "
-                    "UTF-8 text file."
-                ) from None
-            yield number, line.rstrip("\r\n")
 
 
 def _aligned_pairs(path: Path, target_path: Path) -> Iterator[tuple[str, str]]:
@@ -167,13 +156,18 @@ def _aligned_pairs(path: Path, target_path: Path) -> Iterator[tuple[str, str]]:
 
 def _jsonl_pairs(path: Path, source_lang: str, target_lang: str) -> Iterator[tuple[str, str]]:
     for number, line in text_lines(path):
-        if not line.strip():
+        if line is None:  # too long to read: counted (`parallel_pairs`)
+            yield None, None
+        if line is None or not line.strip():
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as error:
+        except (json.JSONDecodeError, RecursionError) as error:
+            what = (
+                f"{error.msg}, column {error.colno}" if isinstance(error, json.JSONDecodeError) else "nested too deep"
+            )
             raise DataFileError(
-                f"{path}:{number} is not JSON ({error.msg}, column {error.colno}); expected one object per line, "
+                f"{path}:{number} is not JSON ({what}); expected one object per line, "
                 f'{{"source": ..., "target": ...}}: {line[:200]!r}'
             ) from None
         if not isinstance(record, dict):
@@ -196,7 +190,9 @@ def _jsonl_pairs(path: Path, source_lang: str, target_lang: str) -> Iterator[tup
 
 def _tsv_pairs(path: Path) -> Iterator[tuple[str, str]]:
     for number, line in text_lines(path):
-        if not line.strip():
+        if line is None:  # too long to read: counted (`parallel_pairs`)
+            yield None, None
+        if line is None or not line.strip():
             continue
         fields = line.split("\t")
         if len(fields) != 2:

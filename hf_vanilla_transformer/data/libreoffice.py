@@ -7,7 +7,9 @@
   of a second domain, handy for fine-tuning.
 
 The packages are fetched with `apt-get download` and unpacked with `dpkg-deb -x`; LibreOffice itself is never
-installed and no Debian version is pinned. The split is by file, never by pair (the same paragraph recurs on many
+installed, no Debian version is pinned, and the system is never changed (where apt does not know a package, the
+message asks you to run `apt-get update`). A package and its unpacked files have size caps, and only files inside the
+unpacked folder are read (a symbolic link out of it is skipped). The split is by file, never by pair (the same paragraph recurs on many
 pages), with a fixed rule: the CRC-32 of a help file's path (relative to its language folder) modulo 100 puts the
 file in *test* when it is below 3, in *validation* when below 5, in *train* otherwise. Pairs are de-duplicated, and a
 validation or test pair whose source sentence also occurs in an earlier split is dropped, so that nothing held out
@@ -37,6 +39,9 @@ from .splits import SPLITS, CorpusError
 logger = logging.getLogger(__name__)
 
 TEST_BELOW, VALIDATION_BELOW = 3, 5  # CRC-32(path) % 100 thresholds of the file-level split
+# Caps: a help package is 2-4 MB packed and under 30 MB unpacked (Debian 12); far larger is no corpus package.
+MAX_DEB_BYTES = 200_000_000
+MAX_UNPACKED_BYTES = 1_000_000_000
 UNIT_ID = re.compile(r"^(par|hd)_id")
 UNPACKED = ".unpacked"  # written last into a package's folder: the name of the .deb it was unpacked from
 
@@ -58,7 +63,8 @@ def debian_language(lang: str) -> tuple[str, str]:
 def fetch_debian_package(package: str, cache_dir: Path) -> Path:
     """Download `package`'s .deb with `apt-get download` (once; later calls reuse it) and unpack it.
 
-    Returns the folder the package was unpacked into. Runs `apt-get update` once if the package is unknown.
+    Returns the folder the package was unpacked into. A package apt does not know, one larger than `MAX_DEB_BYTES`
+    or unpacking to more than `MAX_UNPACKED_BYTES` raises a CorpusError saying so (and what to do) in one line.
     """
     unpacked = cache_dir / "debs" / package
     if (unpacked / UNPACKED).exists():
@@ -77,34 +83,65 @@ def _fetch_and_unpack(package: str, unpacked: Path, cache_dir: Path) -> None:
             "(--data_files train.tsv) or WMT14 (--dataset wmt14)."
         )
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
-        for attempt in range(2):
-            result = subprocess.run(["apt-get", "download", package], cwd=tmp, capture_output=True, text=True)
-            if result.returncode == 0:
-                break
-            if attempt == 0 and "Unable to locate package" in result.stderr:
-                logger.info("apt-get does not know %s yet; running apt-get update", package)
-                update = subprocess.run(["apt-get", "update"], capture_output=True, text=True)
-                if update.returncode != 0:
-                    raise CorpusError(
-                        f"`apt-get update` failed ({update.stderr.strip()[-300:]}); run it yourself (with sudo "
-                        "if needed), then try again."
-                    )
-                continue
-            raise CorpusError(
-                f"`apt-get download {package}` failed: {result.stderr.strip()[-500:]}\n"
-                f"Check the name with `apt-cache search {package.rsplit('-', 1)[0]}`; a language without a "
-                "LibreOffice package cannot be used, pick another one or use --data_files."
-            )
-        debs = sorted(Path(tmp).glob("*.deb"))
-        if not debs:
-            raise CorpusError(f"`apt-get download {package}` left no .deb file in {tmp}.")
+        deb = _download(package, Path(tmp))
         target = Path(tmp) / "unpacked"
-        subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(target)], check=True, capture_output=True)
-        (target / UNPACKED).write_text(debs[0].name + "\n")  # the folder appears with its mark, whole
+        _unpack(deb, target)
+        (target / UNPACKED).write_text(deb.name + "\n")  # the folder appears with its mark, whole
         if unpacked.exists():  # an interrupted unpacking of an earlier version
             shutil.rmtree(unpacked)
         unpacked.parent.mkdir(parents=True, exist_ok=True)
         target.rename(unpacked)
+
+
+def _download(package: str, folder: Path) -> Path:
+    """`apt-get download package` into `folder`: the .deb, at most `MAX_DEB_BYTES`. apt's package index is never
+    updated here (that changes the system): where apt does not know the package, the error asks the user to."""
+    result = subprocess.run(["apt-get", "download", package], cwd=folder, capture_output=True, text=True)
+    if result.returncode != 0 and "Unable to locate package" in result.stderr:
+        raise CorpusError(
+            f"apt-get does not know the package {package}: its package index is missing or out of date. Run "
+            "`sudo apt-get update` (this program never changes the system), then try again."
+        )
+    if result.returncode != 0:
+        raise CorpusError(
+            f"`apt-get download {package}` failed: {result.stderr.strip()[-500:]}\n"
+            f"Check the name with `apt-cache search {package.rsplit('-', 1)[0]}`; a language without a "
+            "LibreOffice package cannot be used, pick another one or use --data_files."
+        )
+    debs = sorted(folder.glob("*.deb"))
+    if not debs:
+        raise CorpusError(f"`apt-get download {package}` left no .deb file in {folder}.")
+    size = debs[0].stat().st_size
+    if size > MAX_DEB_BYTES:
+        raise CorpusError(
+            f"{debs[0].name} is {size:,} bytes, more than a corpus package may be ({MAX_DEB_BYTES:,}): not unpacked."
+        )
+    return debs[0]
+
+
+def _unpack(deb: Path, target: Path) -> None:
+    """`dpkg-deb -x deb target`, refused where the package says it unpacks to more than `MAX_UNPACKED_BYTES`
+    (Installed-Size), and removed where it did (the files' own sizes, links not followed)."""
+    declared = subprocess.run(["dpkg-deb", "-f", str(deb), "Installed-Size"], capture_output=True, text=True)
+    kib = declared.stdout.strip()
+    if declared.returncode == 0 and kib.isdigit() and int(kib) * 1024 > MAX_UNPACKED_BYTES:
+        raise CorpusError(
+            f"{deb.name} unpacks to {int(kib) * 1024:,} bytes, more than a corpus package may "
+            f"({MAX_UNPACKED_BYTES:,}): not unpacked."
+        )
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(target)], check=True, capture_output=True)
+    size = sum(path.lstat().st_size for path in target.rglob("*") if not path.is_symlink() and path.is_file())
+    if size > MAX_UNPACKED_BYTES:
+        shutil.rmtree(target, ignore_errors=True)
+        raise CorpusError(
+            f"{deb.name} unpacked to {size:,} bytes, more than a corpus package may ({MAX_UNPACKED_BYTES:,}): removed."
+        )
+
+
+def inside(path: Path, root: Path) -> bool:
+    """Whether `path`, its links followed, lies inside `root` (an unpacked package): what points out of it is never
+    read (a package's link to /etc/passwd, to another user's files)."""
+    return path.resolve().is_relative_to(root.resolve())
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -179,11 +216,15 @@ def file_split(relative_path: str) -> str:
 
 
 def align_help_trees(source_root: Path, target_root: Path) -> Iterator[tuple[str, str, str]]:
-    """(relative file path, source text, target text) for every unit present in both trees."""
+    """(relative file path, source text, target text) for every unit present in both trees; a page that is a link
+    out of its tree is skipped (`inside`)."""
     for source_file in sorted(source_root.rglob("*.html")):
         relative = source_file.relative_to(source_root).as_posix()
         target_file = target_root / relative
         if not target_file.exists():
+            continue
+        if not inside(source_file, source_root) or not inside(target_file, target_root):
+            logger.warning("%s links out of its package's folder: skipped", relative)
             continue
         targets = dict(parse_help_page(target_file))
         for key, source_text in parse_help_page(source_file):
@@ -261,7 +302,7 @@ def libreoffice_ui_corpus(target_lang: str = "de", cache_dir: str | Path | None 
     def build() -> DatasetDict:
         unpacked = fetch_debian_package(f"libreoffice-l10n-{suffix}", cache_dir)
         root = unpacked / "usr/lib/libreoffice/program/resource"
-        catalogues = sorted(root.glob("*/LC_MESSAGES/*.mo"))
+        catalogues = sorted(path for path in root.glob("*/LC_MESSAGES/*.mo") if inside(path, root))
         rows = (
             (path.name, english, translation) for path in catalogues for english, translation in read_mo_catalogue(path)
         )

@@ -155,7 +155,7 @@ def export_ctranslate2(
         "max_source_tokens": max_positions - 1,  # the appended </s> takes one position
         "generation": model.generation_config.to_diff_dict(),
         "decoding": decoding_defaults(model.generation_config.to_diff_dict()),
-        "source": str(model_dir),
+        "source": Path(model_dir).resolve().name,  # the model folder by its name: no local path is recorded
     }
     (output_dir / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     (output_dir / "README.md").write_text(_readme(info), encoding="utf-8")

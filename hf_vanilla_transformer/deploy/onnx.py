@@ -206,7 +206,7 @@ def _export_info(model, quantization: str, opset: int, model_dir: Path) -> dict:
         "head_dims": list(config.head_dims(config.decoder_attention_heads)),
         "max_source_tokens": config.max_position_embeddings if config.position_embedding_type == "learned" else None,
         "generation": recorded_decoding(model.generation_config),
-        "source": str(model_dir),
+        "source": Path(model_dir).resolve().name,  # the model folder by its name: no local path is recorded
     }
 
 

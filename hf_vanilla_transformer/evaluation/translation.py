@@ -14,11 +14,14 @@ from ..data.batching import inference_batches
 from .metrics import compute_bleu
 
 
-def load_translator(model: str | Path, device: str | torch.device = "cpu"):
+def load_translator(model: str | Path, device: str | torch.device = "cpu", trust_remote_code: bool = False):
     """(model in eval mode on `device`, tokenizer) from a trained folder or a Hub id.
 
-    A folder that does not exist, or that holds no model or tokenizer, raises an OSError whose one-line message
-    names it and what was expected; a missing local folder is reported without asking the Hub.
+    The model is this package's (importing it registers its classes), never the folder's own code: a folder or
+    repository whose `config.json` points to code of its own is refused, its code not run, unless the caller opts
+    in with `trust_remote_code` (the commands' `--trust_remote_code`). A folder that does not exist, or that holds no
+    model or tokenizer, raises an OSError whose one-line message names it and what was expected; a missing local
+    folder is reported without asking the Hub.
     """
     name = str(model)
     local = Path(name).expanduser()
@@ -31,12 +34,27 @@ def load_translator(model: str | Path, device: str | torch.device = "cpu"):
     if local.exists() and not local.is_dir():
         raise NotADirectoryError(f"{name} is a file; expected a model folder (or a Hub id).")
     try:
-        loaded = AutoModelForSeq2SeqLM.from_pretrained(name, trust_remote_code=True).to(device).eval()
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        loaded = AutoModelForSeq2SeqLM.from_pretrained(name, trust_remote_code=trust_remote_code).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
+        if "trust_remote_code" in str(error) and not trust_remote_code:
+            raise OSError(
+                f"{name} holds code of its own (config.json's auto_map) for a model this package does not know: not "
+                "run. Pass --trust_remote_code (trust_remote_code=True) to run it, only if you trust its author."
+            ) from None
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise OSError(f"Cannot load a model and its tokenizer from {name}: {first_line}") from error
     return loaded, tokenizer
+
+
+def add_remote_code_argument(parser) -> None:
+    """The commands' `--trust_remote_code`: the one way to run a model folder's own code (`load_translator`)."""
+    parser.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="run the model folder's own code (config.json's auto_map) where it is not this package's model: only "
+        "for a folder or repository whose author you trust (default: never)",
+    )
 
 
 # Sentences after which a compiled decoding step (static cache + torch.compile) has paid for its compilation, per
@@ -56,6 +74,10 @@ COMPILE_PAYS_AFTER_SENTENCES: dict[str, int] = {"cuda": 4000}
 SHAPE_STEP = 16
 COMPILE_CHOICES = ("auto", "always", "never")
 RECOMPILE_LIMIT = 64
+# Characters a sentence may hold per token of `max_tokens` before it is refused without being tokenized: far more
+# than any tokenizer's average (a byte-level BPE's token is 2-5 characters), so that only a line no batch could hold
+# (a file without line ends, a megabyte of one word) is refused unread; the others are counted in tokens.
+CHARS_PER_TOKEN = 32
 
 
 def compile_pays(compile: str, device: torch.device | str, sentences: int) -> bool:
@@ -111,8 +133,11 @@ def translate(
     Empty and whitespace-only sentences come back empty without reaching the model (which would only invent a
     sentence for them). `generate_kwargs` go to `model.generate` (e.g. `num_beams=1` for greedy decoding).
     `compile` ("auto", "always", "never") decides whether the decoding step runs compiled (`compile_pays`); the
-    tokens are the same either way. The model runs in eval mode and is left in the mode it was given in.
+    tokens are the same either way. The model runs in eval mode and is left in the mode it was given in. A sentence
+    that alone holds more than `max_tokens` tokens is refused before any decoding (`encode_within`).
     """
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens={max_tokens!r} is invalid; expected a positive number of tokens.")
     if isinstance(sentences, str):
         raise TypeError("translate() takes a list of sentences; wrap a single one in a list.")
     sentences = list(sentences)
@@ -129,7 +154,7 @@ def translate(
 
 def _translate(model, tokenizer, sentences, max_tokens, max_sentences, progress, compile, generate_kwargs) -> list[str]:
     texts = [i for i, sentence in enumerate(sentences) if sentence.strip()]  # the sentences to translate
-    encoded = tokenizer([sentences[i] for i in texts])["input_ids"] if texts else []
+    encoded = encode_within(tokenizer, sentences, texts, max_tokens)
     outputs: list[str] = [""] * len(sentences)
     device = next(model.parameters()).device
     compiled = compile_pays(compile, device, len(texts))
@@ -145,6 +170,27 @@ def _translate(model, tokenizer, sentences, max_tokens, max_sentences, progress,
             bar.update(len(batch))
     bar.close()
     return outputs
+
+
+def encode_within(tokenizer, sentences: list[str], texts: list[int], max_tokens: int) -> list[list[int]]:
+    """The token ids of the sentences `texts` (indices into `sentences`), each at most `max_tokens` long: a sentence
+    longer than `CHARS_PER_TOKEN` characters a token is refused before it is tokenized, one of more tokens after;
+    the ValueError names its line (index + 1) and its length."""
+    most = max_tokens * CHARS_PER_TOKEN
+    for index in texts:
+        if len(sentences[index]) > most:
+            raise ValueError(
+                f"line {index + 1} is {len(sentences[index]):,} characters long, more than max_tokens={max_tokens} "
+                f"tokens can hold ({most:,} characters); split it, or raise max_tokens (--max_tokens)."
+            )
+    encoded = tokenizer([sentences[i] for i in texts])["input_ids"] if texts else []
+    for index, ids in zip(texts, encoded, strict=True):
+        if len(ids) > max_tokens:
+            raise ValueError(
+                f"line {index + 1} is {len(ids):,} tokens long, more than max_tokens={max_tokens} (the padded source "
+                "tokens of a batch); split it, or raise max_tokens (--max_tokens)."
+            )
+    return encoded
 
 
 def batch_features(model, tokenizer, ids: list[list[int]], step: int, generate_kwargs: dict) -> tuple[dict, dict]:

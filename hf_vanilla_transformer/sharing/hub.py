@@ -4,10 +4,12 @@ the plots, the translation pipeline's code), the checks before anything is uploa
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 from ..data.tokenizer import TOKENIZER_FILES
 from ..model import REMOTE_CODE_FILES
+from ..utils.redact import public_command, publishable
 from .model_card import render_model_card
 
 
@@ -119,7 +121,9 @@ def stage_for_hub(model_dir: str | Path, staging_dir: str | Path, repo_id: str |
     # The card: rendered again from the results so that its examples name the repository, else the folder's own.
     card = staging_dir / "README.md"
     if (model_dir / "results.json").exists():
-        results = json.loads((model_dir / "results.json").read_text(encoding="utf-8"))
+        results = public_results(json.loads((model_dir / "results.json").read_text(encoding="utf-8")), model_dir)
+        text = json.dumps(results, indent=2, ensure_ascii=False) + "\n"
+        (staging_dir / "results.json").write_text(text, encoding="utf-8")
         plots = [str(path.relative_to(staging_dir)) for path in staged if path.parent.name == "plots"]
         card.write_text(render_model_card(results, repo_id=repo_id, plots=plots), encoding="utf-8")
     elif (model_dir / "README.md").exists():
@@ -129,6 +133,18 @@ def stage_for_hub(model_dir: str | Path, staging_dir: str | Path, repo_id: str |
     check_model_card(card.read_text(encoding="utf-8"))
     staged.append(card)
     return sorted(staged)
+
+
+def public_results(results: dict, model_dir: str | Path) -> dict:
+    """A folder's `results.json` as the Hub gets it, whatever version of the package wrote it: its command line
+    without tokens or local paths, no home folder anywhere (utils/redact.py), and no test sentences of the user's own
+    files unless the run was asked to publish them (`--publish_examples`)."""
+    command = public_command(results.get("command", ""), model_dir)
+    results = publishable({**results, "command": command}, [str(model_dir)], model_dir)
+    own_data = results.get("data", {}).get("dataset") == "local files"
+    if own_data and not results.get("recipe", {}).get("publish_examples"):
+        results["examples"] = []
+    return results
 
 
 def upload_plan(staging_dir: str | Path) -> list[tuple[str, int]]:
@@ -159,12 +175,14 @@ def push_model_folder(
     token: str | None = None,
     dry_run: bool = False,
     commit_message: str = "Upload Transformer trained with hf_vanilla_transformer",
+    say: Callable[[str], None] | None = None,
 ) -> tuple[list[tuple[str, int]], str | None]:
     """Publish a model folder as the Hub model repository `repo_id` in one commit.
 
     Returns (the upload plan, the commit URL or None for a dry run). A dry run stages and checks everything and
     touches no network. Without a token, or when the Hub cannot be reached, raises `PublishError` before anything
-    is uploaded; the single commit means a failure never leaves a half-uploaded repository.
+    is uploaded; the single commit means a failure never leaves a half-uploaded repository. Before uploading, `say`
+    (the push command's `print`) gets one line saying whether the repository will be public or private.
     """
     import tempfile
 
@@ -193,6 +211,8 @@ def push_model_folder(
             )
         api = HfApi(token=token)
         try:
+            if say is not None:
+                say(f"Publishing {Path(model_dir).name} to {repo_id}: {visibility(api, repo_id, private)}.")
             url = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
             commit = api.create_commit(
                 repo_id=url.repo_id,
@@ -208,3 +228,21 @@ def push_model_folder(
                 "check the network (or HF_ENDPOINT) and try again."
             ) from error
         return plan, commit.commit_url
+
+
+def visibility(api, repo_id: str, private: bool) -> str:
+    """Whether the repository `repo_id` will be public, in words: an existing one keeps its visibility (`--private`
+    does not change it), a new one is private only with `private`."""
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    try:
+        existing = api.repo_info(repo_id, repo_type="model")
+    except RepositoryNotFoundError:
+        if private:
+            return "a new private repository"
+        return "a new PUBLIC repository, which anyone can read (--private keeps it to you)"
+    if existing.private:
+        return "an existing private repository"
+    return "an existing PUBLIC repository, which anyone can read" + (
+        " (--private does not change it)" if private else ""
+    )

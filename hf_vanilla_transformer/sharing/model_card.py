@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..utils.files import write_text_atomically
+from ..utils.redact import public_command
 
 
 TEMPLATE = Path(__file__).with_name("model_card.md")
@@ -33,6 +34,20 @@ COMPARABILITY = {
 
 def _markdown_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def python_string(text: str) -> str:
+    """`text` as a Python string literal in double quotes, for the card's code: quotes and backslashes escaped, and
+    every character that is not printable (line ends, control characters, invisible ones such as bidirectional
+    overrides, which can make code read otherwise than it runs) written as its escape. Whatever `text` holds, the
+    literal is one string and nothing else."""
+    escaped = []
+    for char in text:
+        if char in '"\\':
+            escaped.append("\\" + char)
+        else:
+            escaped.append(char if char.isprintable() else repr(char)[1:-1])
+    return '"' + "".join(escaped) + '"'
 
 
 def trained_with(results: dict) -> dict:
@@ -141,7 +156,7 @@ def _training_values(results: dict) -> dict:
         "train_minutes": round(training["seconds"] / 60, 1),
         "hardware": results.get("hardware", "unknown hardware"),
         "averaged": len(results.get("averaged_checkpoints", [])) or 1,
-        "command": results.get("command", ""),
+        "command": public_command(results.get("command", "")),  # (a results.json written before it was redacted)
     }
 
 
@@ -151,11 +166,19 @@ def _usage_values(results: dict, repo_id: str | None, plots: list[str] | None) -
         for e in results.get("examples", [])
     )
     if examples:
-        examples = "| source | translation | reference |\n|---|---|---|\n" + examples
+        examples = (
+            "Example translations from the test split:\n\n| source | translation | reference |\n|---|---|---|\n"
+            + examples
+        )
+    else:
+        examples = (
+            "Example translations are left out: the test pairs are the trainer's own data "
+            "(`--publish_examples` publishes them)."
+        )
     first = results["examples"][0]["source"] if results.get("examples") else None
-    return {
-        "repo_id": repo_id or results.get("repo_id", "path/to/model"),
-        "example_source": _markdown_escape(first).replace('"', '\\"') if first else "Hello world.",
+    return {  # what goes into the code of the card is a Python literal, escaped (python_string)
+        "repo_literal": python_string(repo_id or results.get("repo_id", "path/to/model")),
+        "example_literal": python_string(first or "Hello world."),
         "examples": examples,
         "plots": "\n\n".join(f"![{Path(p).stem}]({p})" for p in plots or []),
     }

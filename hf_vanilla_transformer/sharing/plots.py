@@ -180,8 +180,9 @@ def plot_attention_maps(maps: dict, folder: str | Path) -> list[Path]:
     ]
 
 
-def write_run_plots(model, tokenizer, log_history: list[dict], folder: str | Path, sentence: str) -> list[Path]:
-    """Every picture of a training run, into `folder`: curves, positional encoding, attention maps of `sentence`."""
+def write_run_plots(model, tokenizer, log_history: list[dict], folder: str | Path, sentence: str | None) -> list[Path]:
+    """Every picture of a training run, into `folder`: curves, positional encoding, attention maps of `sentence`
+    (none where it is None: a sentence of the user's own data stays private)."""
     folder = Path(folder)
     paths = []
     if any("loss" in entry for entry in log_history):
@@ -192,5 +193,6 @@ def write_run_plots(model, tokenizer, log_history: list[dict], folder: str | Pat
             model.config.d_model, folder / "positional_encoding.png", layout=model.config.sinusoid_layout
         )
     )
-    paths.extend(plot_attention(model, tokenizer, sentence, folder))
+    if sentence is not None:
+        paths.extend(plot_attention(model, tokenizer, sentence, folder))
     return paths

@@ -75,6 +75,13 @@ class ModelDataArguments:
         default=None,
         metadata={"help": "Local test pairs, as data_files. Without them, as many are held out for the test."},
     )
+    publish_examples: bool = field(
+        default=False,
+        metadata={
+            "help": "Put test sentences of your own --data_files in the model folder (results.json, the card, the "
+            "attention maps): off by default, your data stays private (docs/security.md). A public corpus's are."
+        },
+    )
     data_cache_dir: str | None = field(
         default=None,
         metadata={
@@ -349,6 +356,12 @@ def check_run_arguments(recipe: ModelDataArguments, args: TransformerTrainingArg
             raise ValueError(
                 f"{name}={getattr(recipe, name)!r} needs a time budget to choose by (max_minutes, without max_steps)."
             )
+    if args.push_to_hub:  # publishing stays explicit: the push command's allowlist, card and line (docs/security.md)
+        raise ValueError(
+            "push_to_hub=True is not supported: publish the finished folder with `vanilla-transformer push "
+            "OUTPUT_DIR REPO_ID [--private]`, which uploads only the model's files and says whether the repository is "
+            "public."
+        )
     if recipe.preset_choices and recipe.model_name_or_path:
         raise ValueError(
             f"preset_choices={recipe.preset_choices!r} cannot apply to the saved model {recipe.model_name_or_path!r}; "

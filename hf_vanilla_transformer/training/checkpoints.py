@@ -5,6 +5,7 @@ complete one; resuming, averaging and validation read the marker back here."""
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from pathlib import Path
 
@@ -84,11 +85,29 @@ def validate_checkpoint(folder: str | Path) -> Path:
     except Exception as error:
         raise CheckpointError(f"{folder / 'model.safetensors'} is corrupted or truncated: {error}") from error
     for path in sorted(folder.glob("*.pt")) + sorted(folder.glob("*.pth")):
-        try:  # memory-mapped: the archive and its index are checked, the tensors not read (Trainer reads them next)
-            torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        except Exception as error:
-            raise CheckpointError(f"{path} is corrupted or truncated: {error}") from error
+        check_pickle(path)
     return folder
+
+
+def check_pickle(path: Path) -> None:
+    """Read the `torch.save` file `path` as the Trainer does on resuming (`weights_only=True`, with the numpy
+    arrays of its RNG state allowed: transformers' `safe_globals`), memory-mapped: the archive and its index are
+    checked, the tensors not read. A pickle that would build anything else (call a function: run code) is refused by
+    name, nothing of it run; a corrupted or truncated file is named too."""
+    from transformers.trainer_pt_utils import safe_globals
+
+    try:
+        with safe_globals():
+            torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as error:
+        if "Weights only load failed" not in str(error):
+            raise CheckpointError(f"{path} is corrupted or truncated: {error}") from error
+        raise CheckpointError(
+            f"{path} holds objects other than tensors (its pickle would run code when loaded): refused, nothing of it "
+            "was run. Resume only from checkpoints written by this package, or delete this one."
+        ) from None
+    except Exception as error:
+        raise CheckpointError(f"{path} is corrupted or truncated: {error}") from error
 
 
 def latest_checkpoint(output_dir: str | Path) -> str | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..utils.machine import describe_machine
+from ..utils.redact import private_paths, public_command, publishable
 from .budget.deadline import TrainingEnd
 from .budget.schedule import updates_per_epoch
 from .checkpoints import checkpoint_step
@@ -41,7 +42,9 @@ def describe_parameters(model) -> str:
 
 def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunOutcome) -> dict:
     """The `results.json` of a finished run (see the module docstring): `settings` the settled run, `data` its
-    prepared data, `training` its Trainer and callbacks, `end` how training ended."""
+    prepared data, `training` its Trainer and callbacks, `end` how training ended; publishable: no token, no local
+    path but its name (utils/redact.py), test examples of the user's own files only where asked
+    (`RunSettings.publishes_examples`)."""
     results = {
         "name": Path(settings.output_dir).name,
         "parameters": describe_parameters(model),
@@ -63,17 +66,17 @@ def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunO
             {"source": source, "reference": reference, "translation": hypothesis}
             for source, reference, hypothesis in list(
                 zip(outcome.sources, outcome.references, outcome.hypotheses, strict=True)
-            )[: outcome.examples]
+            )[: outcome.examples if settings.publishes_examples else 0]
         ],
         "hardware": describe_machine(training.trainer.args.device),
-        "command": outcome.command,
+        "command": public_command(outcome.command, settings.output_dir),
         "wall_seconds": time.time() - outcome.started,
     }
     if outcome.alpha_choice:
         results["length_penalty_choice"] = outcome.alpha_choice
     if training.source_check is not None:
         results["source_check"] = training.source_check.record()
-    return results
+    return publishable(results, private_paths(settings.recipe, settings.args), settings.output_dir)
 
 
 def _ended_by(stopped_early_at: int | None, capped_by_epochs: bool, check) -> str:

@@ -249,7 +249,8 @@ def finish_run(
         results = run_results(settings, data, training, end, model, outcome)
         log = trainer.state.log_history
         write_json_atomically(output_dir / "training_log.json", {"log_history": log})
-        plots = write_run_plots(model, data.tokenizer, log, output_dir / "plots", plot_sentence(outcome.sources))
+        sentence = plot_sentence(outcome.sources) if settings.publishes_examples else None  # None: no attention maps
+        plots = write_run_plots(model, data.tokenizer, log, output_dir / "plots", sentence)
         write_model_card(output_dir, results, plots=[str(path.relative_to(output_dir)) for path in plots])
         write_json_atomically(output_dir / "results.json", results)
     return results

@@ -61,6 +61,9 @@ class RunSettings:
     max_minutes: float | None  # the budget (None: the length is given)
     updates: dict[int, UpdateSize]  # the update of each batch size of `token_sizes`
     optimizer: Callable = field(compare=False)  # parameters -> the optimizer the Trainer builds (calibration's too)
+    # Whether the model folder shows test sentences (examples, attention maps): those of a public corpus, and of the
+    # user's own files (`--data_files`) only with `--publish_examples`.
+    publishes_examples: bool = True
 
     def update_size(self, max_tokens: int) -> UpdateSize:
         """The update of batches of `max_tokens` (`update_size`)."""
@@ -99,6 +102,7 @@ class RunSettings:
             "precision": self.asked_precision,
             "attn_implementation": recipe.attn_implementation,
             "recipe_file": recipe.recipe,
+            "publish_examples": recipe.publish_examples,
             "max_minutes": recipe.max_minutes,
             "max_steps": args.max_steps,
         }
@@ -143,6 +147,7 @@ def settle(recipe: ModelDataArguments, args: TransformerTrainingArguments, devic
         max_minutes=recipe.max_minutes if is_budgeted else None,
         updates=updates,
         optimizer=trainer_optimizer(args),
+        publishes_examples=recipe.publish_examples or not recipe.data_files,
     )
 
 

@@ -7,24 +7,48 @@ from __future__ import annotations
 import errno
 import json
 import os
+import secrets
 import shutil
 from pathlib import Path
 
 from .faults import moment
 
 
-def write_text_atomically(path: str | Path, text: str, at: str | None = None) -> Path:
-    """Write `text` (UTF-8) to `path` through a temporary file renamed into place; `at` names the fault suite's
-    moment (utils/faults.py) between the two."""
+# A temporary file is always a new one: created here or not at all, never through a symbolic link.
+NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def create_temporary_file(path: str | Path) -> tuple[Path, int]:
+    """(name, open descriptor for writing) of a new file beside `path`, named `<name>.tmp-<random>`: created with
+    `O_EXCL | O_NOFOLLOW`, so that it is never a file or a symbolic link someone put there (a fixed name could be a
+    link to any file of the user's, which writing would overwrite)."""
     path = Path(path)
-    temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())  # the content is on the disk before the name points at it
-    if at is not None:
-        moment(at)
-    os.replace(temporary, path)
+    while True:
+        temporary = path.with_name(f"{path.name}.tmp-{secrets.token_hex(6)}")
+        try:
+            return temporary, os.open(temporary, NEW_FILE, 0o666)  # the umask applies, as to any new file
+        except FileExistsError:  # (one in 2^48: another name)
+            continue
+
+
+def write_text_atomically(path: str | Path, text: str, at: str | None = None, sync: bool = True) -> Path:
+    """Write `text` (UTF-8) to `path` through a new temporary file (`create_temporary_file`) renamed into place; `at`
+    names the fault suite's moment (utils/faults.py) between the two; `sync=False` skips flushing it to the disk
+    first (a record that only costs work again if lost)."""
+    path = Path(path)
+    temporary, descriptor = create_temporary_file(path)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            if sync:
+                os.fsync(handle.fileno())  # the content is on the disk before the name points at it
+        if at is not None:
+            moment(at)
+        os.replace(temporary, path)  # (a rename replaces a link at `path` itself, never the file it points to)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -3,13 +3,17 @@ start to its end, with its host, process id and start time written in it. A seco
 refused with a message naming the one that holds it. A lock left by a run that was killed holds nothing: the
 kernel releases a dead process's `flock`, so the next run takes it over (its file still names the dead run, and the
 message of the take-over says so). On storage several machines share, `flock` is only as good as the file system's
-support for it (NFS v4 has it)."""
+support for it (NFS v4 has it). A lock file is opened without following a symbolic link and never truncated on
+opening: a link, or a file with other names, at its place is refused (`LockFileError`), the file it points to left
+as it is."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,13 +41,44 @@ class FolderInUseError(RuntimeError):
     """Another run holds the folder; the message names it."""
 
 
+class LockFileError(FolderInUseError):
+    """A lock file that is no plain file of its own (a symbolic link, a file with other names, a pipe): refused, never
+    followed nor emptied; the message names it. A `FolderInUseError`, so that every process of a launch stops with
+    the main process's message (training/run.py) and the command says it in one line."""
+
+
+# Read and write, created where missing, never truncated on opening (an existing file may be another's lock), never
+# through a symbolic link (O_NOFOLLOW: ELOOP instead).
+LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_lock_file(path: Path):
+    """`path` opened as a lock file (text, read and write), created if missing; a `LockFileError` where it is a
+    symbolic link or not a plain file with this one name."""
+    try:
+        descriptor = os.open(path, LOCK_FLAGS, 0o666)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        raise LockFileError(
+            f"{path} is a symbolic link (to {os.readlink(path)}); a lock file is never opened through a link. "
+            "Remove the link and run again."
+        ) from None
+    found = os.fstat(descriptor)
+    if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
+        os.close(descriptor)
+        what = "not a plain file" if not stat.S_ISREG(found.st_mode) else f"a file with {found.st_nlink} names"
+        raise LockFileError(f"{path} is {what}; a lock file is a plain file of its own. Remove it and run again.")
+    return os.fdopen(descriptor, "r+", encoding="utf-8")
+
+
 @contextmanager
 def folder_lock(folder: str | Path, logger=None) -> Iterator[Path]:
     """Hold `folder`'s lock inside the block; a `FolderInUseError` names the process that holds it."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK
-    handle = path.open("a+", encoding="utf-8")
+    lock = folder / LOCK
+    handle = open_lock_file(lock)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -59,7 +94,7 @@ def folder_lock(folder: str | Path, logger=None) -> Iterator[Path]:
         logger.info("%s was locked by a run that ended without releasing it (%s): taken over", folder, before)
     try:
         with _held_by_this_process(handle, f", since {time.strftime('%Y-%m-%d %H:%M:%S')}"):
-            yield path
+            yield lock
     finally:
         handle.close()
 
@@ -70,7 +105,7 @@ def preparing(lock: Path, what: Path, logger=None) -> Iterator[None]:
     same entry waits (said in its log, naming the job that prepares it), then finds it complete and reads it instead
     of preparing it again. A job killed while preparing releases the lock with its death."""
     lock.parent.mkdir(parents=True, exist_ok=True)
-    with lock.open("a+", encoding="utf-8") as handle:
+    with open_lock_file(lock) as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
