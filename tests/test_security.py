@@ -353,10 +353,10 @@ def test_push_says_before_uploading_whether_the_repository_is_public(
 
 
 def test_training_never_pushes_to_the_hub_by_itself(tmp_path):
-    from hf_vanilla_transformer.training.recipes import parse_arguments
+    from hf_vanilla_transformer.training.recipes import parse_run
 
     with pytest.raises(ValueError, match=r"push_to_hub=True is not supported: publish the finished folder with"):
-        parse_arguments(["--preset", "tiny", "--output_dir", str(tmp_path / "run"), "--push_to_hub", "true"])
+        parse_run(["--preset", "tiny", "--output_dir", str(tmp_path / "run"), "--push_to_hub", "true"])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
