@@ -101,7 +101,7 @@ def marian_source(
     """A MarianMTModel as opus-mt-en-de is configured (swish, scaled embeddings, </s>=0, <pad> last and the
     decoder's start, a non-zero final_logits_bias, beam 4), small unless `config` says otherwise, saved with the
     tokenizer into `folder`. `</s>` is made likely enough that sentences end at different lengths."""
-    vocab = len(tokenizer)
+    vocab = config.pop("vocab_size", len(tokenizer))  # a larger vocabulary than the tokenizer's: the published size
     sizes = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4)
     sizes |= dict(encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=256)
     marian_config = MarianConfig(
@@ -123,7 +123,9 @@ def marian_source(
     draw_weights(model, seed)
     with torch.no_grad():
         model.final_logits_bias.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(seed))
-    favour_the_end(model.model.shared.weight[0], model.model.decoder.layers[-1].final_layer_norm.bias, eos_shift)
+    favour_the_end(
+        model.get_output_embeddings().weight[0], model.model.decoder.layers[-1].final_layer_norm.bias, eos_shift
+    )
     pad = vocab - 1
     model.generation_config = GenerationConfig(
         num_beams=4, max_length=48, bad_words_ids=[[pad]], decoder_start_token_id=pad, eos_token_id=0,
@@ -156,20 +158,25 @@ def bpe_codes(symbols: int = 300) -> str:
     return codes.getvalue()
 
 
-def fairseq_dictionaries(folder: Path, codes: str) -> dict[str, list[str]]:
-    """dict.en.txt and dict.de.txt as fairseq-preprocess writes them (BPE pieces by falling count) and bpecodes;
-    returns each language's symbols in id order (fairseq's four specials first)."""
+def fairseq_dictionaries(folder: Path, codes: str, joined: bool = False) -> dict[str, list[str]]:
+    """dict.en.txt and dict.de.txt as fairseq-preprocess writes them (BPE pieces by falling count; `joined`: one
+    dictionary of both languages in both files, as `--joined-dictionary` makes it) and bpecodes; returns each
+    language's symbols in id order (fairseq's four specials first)."""
     from subword_nmt import apply_bpe
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "bpecodes").write_text(codes, encoding="utf-8")
     bpe = apply_bpe.BPE(io.StringIO(codes))
-    symbols = {}
+    counts = {}
     for side, lang in ((0, "en"), (1, "de")):
-        counts = collections.Counter(
+        counts[lang] = collections.Counter(
             piece for pair in PAIRS for piece in bpe.process_line(moses(pair[side], lang)).split()
         )
-        lines = [f"{piece} {count}\n" for piece, count in counts.most_common()]
+    if joined:
+        counts = dict.fromkeys(counts, counts["en"] + counts["de"])
+    symbols = {}
+    for lang, counted in counts.items():
+        lines = [f"{piece} {count}\n" for piece, count in counted.most_common()]
         (folder / f"dict.{lang}.txt").write_text("".join(lines), encoding="utf-8")
         symbols[lang] = ["<s>", "<pad>", "</s>", "<unk>", *(line.rsplit(" ", 1)[0] for line in lines)]
     return symbols

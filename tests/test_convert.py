@@ -3,8 +3,9 @@ source built here with its own classes (tests/convert_sources.py); the converted
 (1e-5, padded batches) and the source's tokens with greedy and beam search under the source's decoding settings, its
 tokenizer gives the source tokenizer's ids on the 240 fixture sentences; a fairseq checkpoint's pickle runs no code;
 what this model cannot hold is refused in one line before anything is written; a converted folder loads without the
-package and in pipeline("translation"). The published sizes (opus-mt-en-de, wmt19-en-de reduced, fairseq's
-transformer_wmt_en_de) are the slow tests."""
+package and in pipeline("translation"); converted models export to CTranslate2 with greedy token parity. The slow
+tests: the published sizes (opus-mt-en-de, wmt19-en-de reduced, fairseq's transformer_wmt_en_de), and a converted
+model fine-tuned with the cpu recipe, then exported to CTranslate2 with greedy token parity."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
 from hf_vanilla_transformer.convert import ConversionError, convert_model
 
-from conftest import run_without_package
+from conftest import FIXTURES, run_script, run_without_package
 from convert_sources import (
     PAIRS,
     SENTENCES,
@@ -118,6 +119,19 @@ def test_a_marian_folder_converts_to_equal_logits_tokens_and_ids(tmp_path, maria
     assert generation["length_penalty_type"] == "hf" and generation["relative_max_length"] is None
     card = (output / "README.md").read_text()
     assert "base_model: Helsinki-NLP/opus-mt-en-de" in card and str(tmp_path) not in card
+
+
+def test_a_marian_folder_with_separate_embeddings_converts_to_equal_logits(tmp_path, marian_tokenizer):
+    """`share_encoder_decoder_embeddings=False` (some opus-mt pairs): the source's embedding of its own."""
+    marian = marian_source(tmp_path / "marian", marian_tokenizer, share_encoder_decoder_embeddings=False)
+    ours = AutoModelForSeq2SeqLM.from_pretrained(convert_model(tmp_path / "marian", tmp_path / "out")).eval()
+    assert ours.config.source_vocab_size == len(marian_tokenizer)
+    torch.testing.assert_close(ours.model.encoder.embed_tokens.weight, marian.model.encoder.embed_tokens.weight)
+    torch.testing.assert_close(ours.model.shared.weight, marian.model.decoder.embed_tokens.weight)
+    assert not torch.equal(ours.model.encoder.embed_tokens.weight, ours.model.shared.weight)
+    pad = len(marian_tokenizer) - 1
+    batch, decoder_ids, decoder_mask = teacher_forced(marian_tokenizer, PAIRS[8:16], start=pad)
+    assert_same_logits(marian, ours, batch, decoder_ids, decoder_mask)
 
 
 # --- FSMT ------------------------------------------------------------------------------------------------------------
@@ -353,3 +367,159 @@ def test_a_converted_marian_model_translates_in_the_pipeline(tmp_path, marian_to
     expected = marian.generate(**marian_tokenizer(sources, return_tensors="pt", padding=True), num_beams=2)
     texts = marian_tokenizer.batch_decode(expected, skip_special_tokens=True)
     assert [result["translation_text"] for result in translator(sources, num_beams=2)] == [t.strip() for t in texts]
+
+
+@pytest.mark.slow
+def test_a_converted_model_fine_tunes_with_the_cpu_recipe_and_exports_to_ctranslate2(tmp_path, marian_tokenizer):
+    """A converted Marian model trains with `vanilla-transformer train --recipe cpu --model_name_or_path` (its own
+    tokenizer, a few updates), and its CTranslate2 export decodes greedily the tokens `generate()` gives."""
+    pytest.importorskip("ctranslate2")
+    from hf_vanilla_transformer.deploy.ctranslate2 import CTranslate2Translator, export_ctranslate2
+
+    marian_source(tmp_path / "opus-mt-en-de", marian_tokenizer, dropout=0.0)
+    converted = convert_model(tmp_path / "opus-mt-en-de", tmp_path / "converted")
+    fixtures = FIXTURES
+    result = run_script(
+        "train.py",
+        *("--recipe", "cpu", "--model_name_or_path", converted, "--max_steps", "6", "--output_dir", tmp_path / "run"),
+        *("--data_files", fixtures / "libreoffice_help_en_de_200.tsv", "--eval_strategy", "no"),
+        *("--validation_files", fixtures / "libreoffice_help_en_de_test_40.tsv", "--max_eval_samples", "10"),
+        *("--test_files", fixtures / "libreoffice_help_en_de_test_40.tsv", "--test_beams", "1"),
+        *("--length_penalty_choices", "0.6", "--precision", "fp32", "--attn_implementation", "sdpa"),
+        *("--data_cache_dir", tmp_path / "cache", "--disable_tqdm", "true"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["training"]["steps"] == 6
+    tuned = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "run").eval()
+    before = AutoModelForSeq2SeqLM.from_pretrained(converted)
+    assert not torch.equal(tuned.model.shared.weight, before.model.shared.weight)  # it trained
+    assert tuned.lm_head.bias is not None and not torch.equal(tuned.lm_head.bias, before.lm_head.bias)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run")
+    assert type(tokenizer).__name__ == "MarianTokenizer"
+
+    engine = CTranslate2Translator(export_ctranslate2(tmp_path / "run", tmp_path / "ct2"))
+    sentences = [source for source, _ in SENTENCES[200:216]]
+    results = engine.translator.translate_batch(engine.tokens(sentences), beam_size=1, max_decoding_length=20)
+    batch = tokenizer(sentences, return_tensors="pt", padding=True)
+    ours = tuned.generate(**batch, num_beams=1, max_new_tokens=20, forced_eos_token_id=None)
+    specials = {tuned.config.pad_token_id, tuned.config.eos_token_id}
+    for result, row in zip(results, ours, strict=True):
+        assert result.hypotheses[0] == tokenizer.convert_ids_to_tokens([t for t in row.tolist() if t not in specials])
+    # A random model's translations: of different lengths by source (not one output for every input).
+    assert len({len(result.hypotheses[0]) for result in results}) >= 3
+
+
+def test_a_converted_fairseq_model_with_a_joined_dictionary_exports_to_ctranslate2(tmp_path, codes, fsmt_tokenizer):
+    """transformer.wmt16.en-de's layout: one dictionary and one embedding matrix for both languages
+    (`share_all_embeddings`); its CTranslate2 export (fairseq's positions written out as a table, the fairseq
+    tokenizer beside it) decodes greedily the tokens `generate()` gives. A source vocabulary of its own is refused."""
+    pytest.importorskip("ctranslate2")
+    from hf_vanilla_transformer.deploy.ctranslate2 import CTranslate2Translator, export_ctranslate2
+
+    folder = tmp_path / "wmt16.en-de.joined-dict.transformer"
+    symbols = fairseq_dictionaries(folder, codes, joined=True)
+    args = fairseq_arguments(share_all_embeddings=True)
+    state = fairseq_state_dict(args, (len(symbols["en"]), len(symbols["de"])))
+    state["encoder.embed_tokens.weight"] = state["decoder.embed_tokens.weight"]
+    save_fairseq_checkpoint(folder / "model.pt", args, state)
+    converted = convert_model(folder, tmp_path / "converted")
+    ours = AutoModelForSeq2SeqLM.from_pretrained(converted).eval()
+    assert ours.config.source_vocab_size is None and ours.model.encoder.embed_tokens is ours.model.shared
+    engine = CTranslate2Translator(export_ctranslate2(converted, tmp_path / "ct2"))
+    tokenizer = engine.tokenizer
+    sentences = [source for source, _ in SENTENCES[200:216]]
+    results = engine.translator.translate_batch(engine.tokens(sentences), beam_size=1, max_decoding_length=30)
+    batch = tokenizer(sentences, return_tensors="pt", padding=True)
+    # fairseq's decoding (at least one token, never <pad>) is CTranslate2's greedy search; no </s> forced at the limit.
+    generated = ours.generate(**batch, num_beams=1, max_new_tokens=30, forced_eos_token_id=None)
+    for result, row in zip(results, generated, strict=True):
+        tokens = row.tolist()[1:]
+        tokens = tokens[: tokens.index(2)] if 2 in tokens else tokens  # up to </s>, which CTranslate2 leaves out
+        assert result.hypotheses[0] == tokenizer.convert_ids_to_tokens(tokens)
+    assert len({len(result.hypotheses[0]) for result in results}) >= 3
+    fsmt_source(tmp_path / "fsmt", fsmt_tokenizer)
+    separate = convert_model(tmp_path / "fsmt", tmp_path / "fsmt-converted")
+    with pytest.raises(ValueError, match=r"source_vocab_size=\d+: a source vocabulary of its own .* not exported"):
+        export_ctranslate2(separate, tmp_path / "fsmt-ct2")
+
+
+# --- The published sizes (slow) --------------------------------------------------------------------------------------
+
+
+def random_batch(vocab: int, pad: int, sentences: int = 4, length: int = 21, seed: int = 0) -> dict:
+    """Sentences of random real tokens (none special), right-padded to different lengths, ending with </s>."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab - 1, (sentences, length), generator=generator)
+    mask = torch.ones_like(ids)
+    for row in range(1, sentences):
+        mask[row, length - 3 * row :] = 0
+    return ids, mask
+
+
+@pytest.mark.slow
+def test_opus_mt_en_de_sized_marian_converts_to_equal_logits_and_tokens(tmp_path, marian_tokenizer):
+    """opus-mt-en-de's configuration: d_model 512, 6 + 6 layers, 8 heads, d_ff 2048, swish, 58,101 tokens."""
+    sizes = dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8)
+    sizes |= dict(encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512, vocab_size=58101)
+    marian = marian_source(tmp_path / "opus-mt-en-de", marian_tokenizer, **sizes)
+    ours = AutoModelForSeq2SeqLM.from_pretrained(convert_model(tmp_path / "opus-mt-en-de", tmp_path / "out")).eval()
+    ids, mask = random_batch(58101, pad=58100)
+    ids[mask == 0] = 58100
+    ids[torch.arange(4), mask.sum(1) - 1] = 0  # </s>
+    decoder_ids = torch.cat([torch.full((4, 1), 58100), ids[:, :-1]], dim=1)
+    assert_same_logits(marian, ours, {"input_ids": ids, "attention_mask": mask}, decoder_ids, mask)
+    batch = {"input_ids": ids, "attention_mask": mask}
+    for beams in (1, 4):
+        expected = marian.generate(**batch, num_beams=beams, max_length=40)
+        assert torch.equal(ours.generate(**batch, num_beams=beams, max_length=40), expected)
+
+
+@pytest.mark.slow
+def test_wmt19_en_de_sized_fsmt_at_reduced_depth_and_width_converts_to_equal_logits_and_tokens(
+    tmp_path, fsmt_tokenizer
+):
+    """wmt19-en-de's vocabularies (42,024 each, separate) and settings, at 3 + 3 layers of d_model 256 (of 6 + 6 of
+    1,024 with d_ff 8,192)."""
+    sizes = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4)
+    sizes |= dict(encoder_ffn_dim=2048, decoder_ffn_dim=2048, src_vocab_size=42024, tgt_vocab_size=42024)
+    fsmt = fsmt_source(tmp_path / "wmt19-en-de", fsmt_tokenizer, **sizes)
+    ours = AutoModelForSeq2SeqLM.from_pretrained(convert_model(tmp_path / "wmt19-en-de", tmp_path / "out")).eval()
+    assert ours.config.source_vocab_size == 42024
+    ids, mask = random_batch(42024, pad=1)
+    ids[mask == 0] = 1
+    ids[torch.arange(4), mask.sum(1) - 1] = 2
+    decoder_ids = torch.cat([torch.full((4, 1), 2), ids[:, :-1]], dim=1)
+    batch = {"input_ids": ids, "attention_mask": mask}
+    assert_same_logits(fsmt, ours, batch, decoder_ids, mask, use_cache=False)
+    for beams in (1, 4):
+        expected = fsmt.generate(**batch, num_beams=beams, max_length=40, suppress_tokens=[1])
+        assert torch.equal(ours.generate(**batch, num_beams=beams, max_length=40, suppress_tokens=[1]), expected)
+
+
+@pytest.mark.slow
+def test_a_transformer_wmt_en_de_sized_fairseq_checkpoint_converts_like_fsmt(tmp_path, codes):
+    """fairseq's `transformer_wmt_en_de` at its size (d_model 512, 6 + 6 layers, 8 heads, d_ff 2048) with separate
+    dictionaries, against its FSMT twin."""
+    folder = tmp_path / "checkpoints"
+    symbols = fairseq_dictionaries(folder, codes)
+    sizes = (len(symbols["en"]), len(symbols["de"]))
+    args = fairseq_arguments(embed_dim=512, encoder_ffn_embed_dim=2048, decoder_ffn_embed_dim=2048)
+    args.encoder_layers = args.decoder_layers = 6
+    args.encoder_attention_heads = args.decoder_attention_heads = 8
+    state = fairseq_state_dict(args, sizes)
+    save_fairseq_checkpoint(folder / "checkpoint_best.pt", args, state)
+    ours = AutoModelForSeq2SeqLM.from_pretrained(convert_model(folder / "checkpoint_best.pt", tmp_path / "out"))
+    twin = fsmt_twin(args, state, sizes)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    batch = dict(tokenizer([source for source, _ in PAIRS[:6]], return_tensors="pt", padding=True))
+    decoder_ids = torch.randint(4, sizes[1], (6, 15), generator=torch.Generator().manual_seed(0))
+    decoder_ids[:, 0] = 2
+    decoder_mask = torch.ones_like(decoder_ids)
+    decoder_mask[::2, 9:] = 0
+    decoder_ids[decoder_mask == 0] = 1
+    assert_same_logits(twin, ours.eval(), batch, decoder_ids, decoder_mask, use_cache=False)
+    settings = dict(max_length=40, min_length=2, suppress_tokens=[1], forced_eos_token_id=2, early_stopping=True)
+    for beams in (1, 4):
+        expected = twin.generate(**batch, num_beams=beams, **settings)
+        assert torch.equal(ours.generate(**batch, num_beams=beams, **settings), expected)

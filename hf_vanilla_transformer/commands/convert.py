@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..convert import ConversionError, convert_model
+from ..convert import convert_model
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
@@ -36,6 +36,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         folder = convert_model(
             args.source, args.output_dir, args.source_dict, args.target_dict, args.bpe_codes, args.source_id
         )
-    except (ConversionError, OSError) as error:
+    except (ValueError, OSError) as error:  # ConversionError among them: one line naming what is missing
         raise SystemExit(f"{prog}: {error}") from None
     print(f"Converted {args.source} into {folder}; translate with: vanilla-transformer translate {folder}")

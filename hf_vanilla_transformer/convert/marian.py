@@ -34,14 +34,14 @@ from .common import (
 )
 
 
-# Options of Marian's config (transformers' and the older keys its folders keep) that this model does not have:
-# (key, the value this model can hold, what the other value would need).
+# Options older Marian folders keep in config.json that would describe another model than the post-LN one
+# MarianMTModel computes (transformers' conversion refused them too): (key, the value this model holds, what the other
+# value would need).
 UNSUPPORTED = (
     ("normalize_before", False, "pre-LN layers with a final LayerNorm (normalize_before)"),
     ("add_final_layer_norm", False, "a LayerNorm after the last layer (add_final_layer_norm)"),
     ("normalize_embedding", False, "a LayerNorm on the embeddings (normalize_embedding)"),
     ("static_position_embeddings", True, "learned positions (static_position_embeddings=False)"),
-    ("add_bias_logits", False, "a bias of its own on the logits (add_bias_logits)"),
 )
 
 
