@@ -237,5 +237,5 @@ def _notes(args: dict, config: dict) -> list[str]:
         if config["source_vocab_size"] is None
         else "embeddings: a source embedding of its own (`source_vocab_size`)",
         f"output projection: {'the target embedding' if config['tie_word_embeddings'] else 'its own'}",
-        "decoding starts from </s> (id 2); beam 5, lenpen 1, at most 200 tokens: fairseq-generate's defaults",
+        "decoding starts from `</s>` (id 2); beam 5, lenpen 1, at most 200 tokens: fairseq-generate's defaults",
     ]

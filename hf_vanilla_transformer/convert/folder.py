@@ -7,6 +7,7 @@ model card (README.md) saying where the weights came from."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -16,6 +17,7 @@ from transformers import GenerationConfig
 from .common import Conversion, ConversionError, build_model, read_json
 
 
+HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # what the card's base_model may name
 FAIRSEQ_CHECKPOINT_NAMES = ("model.pt", "checkpoint_best.pt", "checkpoint_last.pt")  # a fairseq folder's checkpoint
 
 
@@ -75,6 +77,10 @@ def convert_model(
     written then.
     """
     output = Path(output)
+    if source_id is not None and not HUB_ID.fullmatch(source_id):
+        raise ConversionError(
+            f"source_id={source_id!r} is invalid; expected a Hub id such as Helsinki-NLP/opus-mt-en-de"
+        )
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConversionError(f"{output} exists and is not an empty folder; choose a new output folder")
     conversion = read_source(source, source_dict, target_dict, bpe_codes)
@@ -140,10 +146,10 @@ What the source does that the paper's model does not, and how this model holds i
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 model = AutoModelForSeq2SeqLM.from_pretrained("THIS_FOLDER", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")
+tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER", trust_remote_code=True)
 batch = tokenizer(["A sentence to translate."], return_tensors="pt")
 print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
 
-The license is the source's: see {named}'s own card.
+The weights keep the license of {named}.
 """

@@ -98,7 +98,7 @@ def _notes(config: dict) -> list[str]:
         "10000^(-i / (d_model/2 - 1)), counted from padding id + 1",
         f"source embedding: {'its own (`source_vocab_size`)' if config['source_vocab_size'] else 'the target one'}",
         f"output projection: {'the target embedding' if config['tie_word_embeddings'] else 'its own'}",
-        f"decoding starts from </s> (id {config['decoder_start_token_id']}), as in fairseq",
+        f"decoding starts from `</s>` (id {config['decoder_start_token_id']}), as in fairseq",
     ]
 
 

@@ -67,7 +67,7 @@ def marian_conversion(folder: Path) -> Conversion:
         "output bias: Marian's final_logits_bias (`output_bias=True`)"
         if config["output_bias"]
         else "output bias: Marian's final_logits_bias is zero, left out",
-        f"special tokens: </s>={config['eos_token_id']}, <pad>={config['pad_token_id']}, decoding starts from "
+        f"special tokens: `</s>`={config['eos_token_id']}, `<pad>`={config['pad_token_id']}, decoding starts from "
         f"id {config['decoder_start_token_id']}",
     ]
     languages = (getattr(tokenizer, "source_lang", None), getattr(tokenizer, "target_lang", None))
