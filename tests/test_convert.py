@@ -141,6 +141,28 @@ def test_a_marian_folder_with_separate_embeddings_converts_to_equal_logits(tmp_p
     assert_same_logits(marian, ours, batch, decoder_ids, decoder_mask)
 
 
+def test_a_marian_position_table_is_checked_against_the_sinusoids_then_dropped(tmp_path, marian_converted):
+    """Older Marian folders hold their position tables: Marian's sinusoids convert (ours are computed instead), a
+    table that is not them (learned or altered positions) is refused."""
+    from safetensors.torch import load_file, save_file
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    source = marian_converted[0]
+    table = MarianSinusoidalPositionalEmbedding(256, source.config.d_model).create_weight()
+    for variant, rows in (("tabulated", table), ("learned", table + 0.01)):
+        folder = tmp_path / variant
+        source.save_pretrained(folder)
+        for file in ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json"):
+            (folder / file).write_bytes((marian_converted[1] / file).read_bytes())
+        weights = load_file(folder / "model.safetensors")
+        stacks = {f"model.{stack}.embed_positions.weight": rows.clone() for stack in ("encoder", "decoder")}
+        save_file({**weights, **stacks}, folder / "model.safetensors")
+    ours = AutoModelForSeq2SeqLM.from_pretrained(convert_model(tmp_path / "tabulated", tmp_path / "out"))
+    assert not any("embed_positions" in name for name in ours.state_dict())
+    with pytest.raises(ConversionError, match="encoder.embed_positions.weight is not the concat sinusoid table"):
+        convert_model(tmp_path / "learned", tmp_path / "refused")
+
+
 # --- FSMT ------------------------------------------------------------------------------------------------------------
 
 
