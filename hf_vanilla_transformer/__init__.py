@@ -1,11 +1,12 @@
 """hf_vanilla_transformer: the original Transformer (Vaswani et al. 2017) as a Hugging Face model.
 
 Importing the package registers the model with the Auto classes (`AutoConfig`, `AutoModel`,
-`AutoModelForSeq2SeqLM`), and marks the classes so that `save_pretrained` writes a folder that loads with
-`trust_remote_code=True` where this package is not installed.
+`AutoModelForSeq2SeqLM`, and `AutoTokenizer` for the tokenizer of converted fairseq models), and marks the classes
+so that `save_pretrained` writes a folder that loads with `trust_remote_code=True` where this package is not
+installed.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from .model.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from .model.decoding_vanilla_transformer import (
@@ -22,6 +23,7 @@ from .model.modeling_vanilla_transformer import (
     shift_tokens_right,
     sinusoidal_positions,
 )
+from .model.tokenization_vanilla_transformer import VanillaTransformerFairseqTokenizer
 
 
 __version__ = "0.1.0"
@@ -33,6 +35,10 @@ AutoModelForSeq2SeqLM.register(VanillaTransformerConfig, VanillaTransformerForCo
 VanillaTransformerConfig.register_for_auto_class()
 VanillaTransformerModel.register_for_auto_class("AutoModel")
 VanillaTransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+# The tokenizer of models converted from fairseq checkpoints (hf_vanilla_transformer.convert): found by its name in a
+# folder's tokenizer_config.json where this package is imported, saved with its file for `trust_remote_code` elsewhere.
+AutoTokenizer.register(VanillaTransformerConfig, slow_tokenizer_class=VanillaTransformerFairseqTokenizer, exist_ok=True)
+VanillaTransformerFairseqTokenizer.register_for_auto_class("AutoTokenizer")
 
 
 def _register_translation_pipeline() -> None:
@@ -54,6 +60,7 @@ __all__ = [
     "PRESETS",
     "RelativeMaxLengthCriteria",
     "VanillaTransformerConfig",
+    "VanillaTransformerFairseqTokenizer",
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerModel",
     "VanillaTransformerPreTrainedModel",

@@ -5,6 +5,7 @@ train, main          train.py: a training run from a recipe and flags; the main 
 translate            translate.py: a file or standard input, with a model folder or an export
 score                score.py: sacreBLEU and chrF on a test split or your files
 export               export.py: CTranslate2 or ONNX
+convert              convert.py: a MarianMTModel or FSMT folder or a fairseq checkpoint into a model folder
 average              average.py: the last checkpoints of a run averaged into a model folder
 push                 push.py: a model folder to the Hugging Face Hub
 plot-attention       plot_attention.py: attention maps of a sentence

@@ -17,6 +17,7 @@ COMMANDS = {
     "translate": ("translate", "main", "translate a file or standard input with a model folder or an export"),
     "score": ("score", "main", "sacreBLEU and chrF of a model folder on a test split or your files"),
     "export": ("export", "main", "export a model folder to CTranslate2 or ONNX"),
+    "convert": ("convert", "main", "a MarianMTModel or FSMT folder or a fairseq checkpoint into a model folder"),
     "average": ("average", "main", "average the last checkpoints of a run into a model folder"),
     "push": ("push", "main", "publish a model folder to the Hugging Face Hub"),
     "plot-attention": ("plot_attention", "main", "draw the attention maps of a sentence"),

@@ -19,10 +19,12 @@ training split (§5.1), and every split tokenized in parallel into memory-mapped
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import multiprocessing
 import os
 import sys
+import tempfile
 import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -193,8 +195,11 @@ def encode_pairs(batch: dict, tokenizer: PreTrainedTokenizerFast, max_length: in
     """`input_ids` and `labels` (each ending with </s>, as `tokenizer(sources)` and `tokenizer(text_target=targets)`
     give them) and their lengths for a batch of pairs; with `max_length`, pairs longer on either side are left out.
     Each distinct word is encoded once per process while it is cached (`ChunkCachedEncoder`: the same ids, faster)."""
-    encode = chunk_encoder(tokenizer)
-    sources, targets = encode(batch["source"]), encode(batch["target"])
+    if hasattr(tokenizer, "backend_tokenizer"):
+        encode = chunk_encoder(tokenizer)
+        sources, targets = encode(batch["source"]), encode(batch["target"])
+    else:  # a converted model's own tokenizer (Marian's has a SentencePiece model for each language)
+        sources, targets = tokenizer(batch["source"])["input_ids"], tokenizer(text_target=batch["target"])["input_ids"]
     if max_length is not None:
         kept = [i for i, (s, t) in enumerate(zip(sources, targets, strict=True)) if max(len(s), len(t)) <= max_length]
         if len(kept) < len(sources):
@@ -274,7 +279,21 @@ def tokenized_folder(
     key = dataset_key(train)
     if key is None:
         return None
-    return cache_root(cache_dir) / "tokenized" / key / text_key(tokenizer_to_text(tokenizer), max_length, "tokenized-2")
+    return (
+        cache_root(cache_dir) / "tokenized" / key / text_key(tokenizer_identity(tokenizer), max_length, "tokenized-2")
+    )
+
+
+def tokenizer_identity(tokenizer) -> str:
+    """What names the tokenizer in the cache's keys: its `tokenizer.json`, or for a tokenizer without one (a converted
+    model's: Marian's, FSMT's, fairseq's) its class and the digests of the files it saves."""
+    if hasattr(tokenizer, "backend_tokenizer"):
+        return tokenizer_to_text(tokenizer)
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        files = sorted(Path(folder).iterdir())
+        digests = [f"{file.name}:{hashlib.sha256(file.read_bytes()).hexdigest()}" for file in files]
+    return " ".join([type(tokenizer).__name__, *digests])
 
 
 def tokenize_training_split(

@@ -21,7 +21,13 @@ from transformers import PreTrainedTokenizerFast
 
 
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>"]
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")  # what save_pretrained writes
+TOKENIZER_FILES = (
+    *("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"),  # what save_pretrained writes
+    # and the files of the tokenizers a converted model keeps (hf_vanilla_transformer.convert): Marian's SentencePiece
+    # models and vocabulary, FSMT's vocabularies and merges, the tokenizer of converted fairseq models
+    *("source.spm", "target.spm", "vocab.json", "target_vocab.json", "vocab-src.json", "vocab-tgt.json", "merges.txt"),
+    "tokenization_vanilla_transformer.py",
+)
 
 
 def train_bpe_tokenizer(
@@ -69,15 +75,29 @@ def corpus_texts(corpus: Dataset | DatasetDict, split: str = "train") -> Iterato
 
 
 def check_special_tokens(tokenizer: PreTrainedTokenizerFast, config) -> None:
-    """Raise a ValueError naming the mismatch when the tokenizer's special ids differ from the model config's."""
+    """Raise a ValueError naming the mismatch when the tokenizer's special ids differ from the model config's.
+
+    Decoding starts from the tokenizer's `<s>`, or for a converted model from the special token its family starts
+    from (Marian: `<pad>`, fairseq: `</s>`)."""
     pairs = {
         "pad_token_id": (tokenizer.pad_token_id, config.pad_token_id),
         "eos_token_id": (tokenizer.eos_token_id, config.eos_token_id),
-        "decoder_start_token_id": (tokenizer.bos_token_id, config.decoder_start_token_id),
     }
     for name, (ours, theirs) in pairs.items():
         if ours != theirs:
             raise ValueError(f"The tokenizer gives {name}={ours} but the model config says {theirs}.")
+    starts = sorted({tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id} - {None})
+    if config.decoder_start_token_id not in starts:
+        raise ValueError(
+            f"The model config's decoder_start_token_id={config.decoder_start_token_id} is none of the tokenizer's "
+            f"<s>, <pad>, </s> ids {starts}."
+        )
+    if getattr(config, "source_vocab_size", None) is not None:
+        raise ValueError(
+            f"The model has a source vocabulary of its own (source_vocab_size={config.source_vocab_size}): a converted "
+            "FSMT or fairseq model with separate dictionaries, whose tokenizer encodes targets with the source's. "
+            "It translates, but this package trains models with one vocabulary only."
+        )
     if len(tokenizer) > config.vocab_size:
         raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the model only {config.vocab_size}.")
 

@@ -20,12 +20,19 @@ from pathlib import Path
 import torch
 
 from ..data.tokenizer import copy_tokenizer_files
-from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_positions
+from ..model.modeling_vanilla_transformer import (
+    VanillaTransformerForConditionalGeneration,
+    sinusoidal_positions,
+    token_positions,
+)
 from .rules import EXPORT_INFO, decoding_arguments, recorded_decoding
 
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16")
-ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_new": "GELUTanh", "gelu_pytorch_tanh": "GELUTanh"}
+ACTIVATIONS = {
+    **{"relu": "RELU", "gelu": "GELU", "gelu_new": "GELUTanh", "gelu_pytorch_tanh": "GELUTanh"},
+    **{"swish": "SWISH", "silu": "SWISH"},  # Marian's (converted opus-mt models)
+}
 
 
 def ctranslate2_spec(model: VanillaTransformerForConditionalGeneration, tokens: list[str], max_positions: int):
@@ -45,6 +52,11 @@ def ctranslate2_spec(model: VanillaTransformerForConditionalGeneration, tokens: 
             f"activation_function={config.activation_function!r} has no CTranslate2 equivalent; expected one of "
             f"{sorted(ACTIVATIONS)}."
         )
+    if config.source_vocab_size is not None:
+        raise ValueError(
+            f"source_vocab_size={config.source_vocab_size}: a source vocabulary of its own (a converted FSMT or fairseq "
+            "model with separate dictionaries) is not exported to CTranslate2; models with one vocabulary are."
+        )
     if len(tokens) != config.vocab_size:
         raise ValueError(f"The tokenizer has {len(tokens)} tokens; the model's vocab_size is {config.vocab_size}.")
     activation = getattr(common_spec.Activation, ACTIVATIONS[config.activation_function])
@@ -57,12 +69,13 @@ def ctranslate2_spec(model: VanillaTransformerForConditionalGeneration, tokens: 
     shared = model.model.shared.weight
     _set_stack(encoder, model.model.encoder, shared, positions, config, cross_attention=False)
     _set_stack(decoder, model.model.decoder, shared, positions, config, cross_attention=True)
-    decoder.projection.weight = _array(model.lm_head.weight)  # the shared matrix unless the config unties it
+    _set_linear(decoder.projection, model.lm_head)  # the shared matrix unless the config unties it; a converted bias
 
     spec.config.layer_norm_epsilon = config.layer_norm_eps
     spec.config.add_source_eos = True
     spec.config.eos_token = tokens[config.eos_token_id]
-    spec.config.bos_token = tokens[config.bos_token_id]
+    if config.bos_token_id is not None:  # Marian's vocabulary has no <s>
+        spec.config.bos_token = tokens[config.bos_token_id]
     spec.config.decoder_start_token = tokens[config.decoder_start_token_id]
     spec.register_source_vocabulary(tokens)
     spec.register_target_vocabulary(tokens)
@@ -79,7 +92,8 @@ def position_table(model: VanillaTransformerForConditionalGeneration, max_positi
                 f"max_positions={max_positions}, but the learned positions have {config.max_position_embeddings} rows."
             )
         return model.model.encoder.embed_positions.weight[:max_positions].detach()
-    return sinusoidal_positions(torch.arange(max_positions), config.d_model, config.sinusoid_layout)
+    positions = token_positions(config, max_positions, 0, "cpu")  # fairseq's start at padding id + 1
+    return sinusoidal_positions(positions, config.d_model, config.sinusoid_layout)
 
 
 def _array(tensor: torch.Tensor):
@@ -188,12 +202,15 @@ def decoding_defaults(generation: dict) -> dict:
 
     rules = recorded_decoding(GenerationConfig.from_dict(dict(generation)))  # as generate() reads them
     alpha, penalty_type = rules["length_penalty"], rules["length_penalty_type"]
-    return {
+    defaults = {
         "num_beams": rules["num_beams"],
         "length_penalty": ctranslate2_alpha(alpha, penalty_type),
         "model_length_penalty": {"alpha": alpha, "type": penalty_type},
         "relative_max_length": rules["relative_max_length"],
     }
+    if rules["relative_max_length"] is None:  # a converted model's absolute limit (tokens, the start one included)
+        defaults["max_length"] = generation.get("max_length")
+    return defaults
 
 
 def _readme(info: dict) -> str:
@@ -301,7 +318,7 @@ class CTranslate2Translator:
             sources,
             beam_size=num_beams,
             length_penalty=length_penalty if num_beams > 1 else 0.0,
-            max_decoding_length=max(len(s) for s in sources) + 1 + relative_max_length,
+            max_decoding_length=self._decoding_limit(sources, relative_max_length),
             max_batch_size=max_batch_size,
             batch_type="examples",
         )
@@ -309,3 +326,10 @@ class CTranslate2Translator:
             ids = self.tokenizer.convert_tokens_to_ids(result.hypotheses[0])
             outputs[index] = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
         return outputs
+
+    def _decoding_limit(self, sources: list[list[str]], relative_max_length: int | None) -> int:
+        """Tokens CTranslate2 may generate (its `</s>` included): the longest source + 1 + the relative limit (§6.1),
+        or a converted model's absolute `max_length` (which counts the start token too)."""
+        if relative_max_length is not None:
+            return max(len(s) for s in sources) + 1 + relative_max_length
+        return (self.defaults.get("max_length") or 512) - 1

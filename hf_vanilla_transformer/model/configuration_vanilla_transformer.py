@@ -8,12 +8,20 @@ Options beyond the paper are one field each and off by default:
 
 * `pre_layer_norm`: pre-LN sub-layers `x + Dropout(Sublayer(LayerNorm(x)))` with a final LayerNorm on each stack
   (tensor2tensor's later default); the paper is post-LN `LayerNorm(x + Dropout(Sublayer(x)))`.
-* `sinusoid_layout="concat"`: `[sin | cos]` halves (fairseq, tensor2tensor, Marian) instead of the paper's
-  interleaved `sin, cos, sin, cos, ...` (§3.5). The frequencies are the paper's in both layouts.
+* `sinusoid_layout="concat"`: `[sin | cos]` halves (Marian) instead of the paper's interleaved `sin, cos, sin, cos,
+  ...` (§3.5), with the paper's frequencies. `"fairseq"`: fairseq's (and FSMT's) sinusoids, `[sin | cos]` with the
+  frequencies 10000^(-i / (d_model/2 - 1)) and positions counted from `pad_token_id + 1`.
 * `position_embedding_type="learned"`: learned absolute positions (Table 3 row E), capped at
   `max_position_embeddings`. Sinusoids (the default) have no cap and are never stored in a checkpoint.
 * `tie_word_embeddings=False`: an output projection of its own. Source and target embeddings stay one matrix (§3.4).
 * `d_k` / `d_v`: per-head query/key and value sizes other than `d_model / heads` (§3.2.2).
+* `source_vocab_size`: a source vocabulary and embedding of their own (fairseq's and FSMT's separate dictionaries);
+  the target embedding stays shared with the output projection (`tie_word_embeddings`).
+* `output_bias`: a bias on the output projection (Marian's `final_logits_bias`).
+
+Special token ids other than fairseq's order (Marian: `</s>`=0, `<pad>`=decoder start=the last id; fairseq and
+FSMT: decoding starts from `</s>`) are the four `*_token_id` fields. Converted models (`hf_vanilla_transformer.convert`)
+set these fields; nothing else in the model knows where its weights came from.
 
 Generation settings (beam size, length penalty, ...) live in the model's `GenerationConfig`, not here.
 """
@@ -44,7 +52,7 @@ PRESETS: dict[str, dict] = {
 
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
 INITIALIZATIONS = ("xavier", "normal")
-SINUSOID_LAYOUTS = ("interleaved", "concat")
+SINUSOID_LAYOUTS = ("interleaved", "concat", "fairseq")
 
 
 class VanillaTransformerConfig(PreTrainedConfig):
@@ -83,7 +91,14 @@ class VanillaTransformerConfig(PreTrainedConfig):
         scale_embedding (`bool`, *optional*, defaults to `True`):
             Multiply embedding outputs by sqrt(d_model) (§3.4).
         tie_word_embeddings (`bool`, *optional*, defaults to `True`):
-            Share the pre-softmax projection with the (already shared) source/target embedding (§3.4).
+            Share the pre-softmax projection with the (already shared) source/target embedding (§3.4); with
+            `source_vocab_size`, with the target embedding.
+        source_vocab_size (`int`, *optional*):
+            `None` (the paper): one vocabulary and one embedding matrix for source and target (§3.4). An integer: the
+            encoder has a vocabulary of this size and an embedding of its own (fairseq's separate dictionaries);
+            `vocab_size` is then the target's.
+        output_bias (`bool`, *optional*, defaults to `False`):
+            A bias on the output projection, logits = x E^T + b (Marian's `final_logits_bias`); the paper has none.
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
             Epsilon of every LayerNorm.
         label_smoothing (`float`, *optional*, defaults to 0.1):
@@ -93,7 +108,8 @@ class VanillaTransformerConfig(PreTrainedConfig):
         position_embedding_type (`str`, *optional*, defaults to `"sinusoidal"`):
             `"sinusoidal"` (§3.5, computed for any length) or `"learned"` (Table 3 row E).
         sinusoid_layout (`str`, *optional*, defaults to `"interleaved"`):
-            `"interleaved"` (the paper: sin at even features, cos at odd) or `"concat"` (`[sin | cos]`).
+            `"interleaved"` (the paper: sin at even features, cos at odd), `"concat"` (`[sin | cos]`, Marian) or
+            `"fairseq"` (`[sin | cos]`, frequencies 10000^(-i / (d_model/2 - 1)), positions from pad_token_id + 1).
         max_position_embeddings (`int`, *optional*):
             Longest sequence with learned positions; required by them. Sinusoidal positions have no limit and
             leave it `None`.
@@ -139,6 +155,8 @@ class VanillaTransformerConfig(PreTrainedConfig):
     activation_function: str = "relu"
     scale_embedding: bool = True
     tie_word_embeddings: bool = True
+    source_vocab_size: int | None = None
+    output_bias: bool = False
     layer_norm_eps: float = 1e-5
     label_smoothing: float = 0.1
     pre_layer_norm: bool = False
@@ -166,6 +184,10 @@ class VanillaTransformerConfig(PreTrainedConfig):
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; expected one of {sorted(PRESETS)}.")
         return cls(**{**PRESETS[name], **overrides})
+
+    def encoder_vocab_size(self) -> int:
+        """The source vocabulary's size: `source_vocab_size` where the source has its own, else `vocab_size`."""
+        return self.source_vocab_size if self.source_vocab_size is not None else self.vocab_size
 
     def head_dims(self, heads: int) -> tuple[int, int]:
         """(d_k, d_v) for a block with `heads` heads: the configured sizes, else d_model / heads (§3.2.2)."""
@@ -197,6 +219,8 @@ class VanillaTransformerConfig(PreTrainedConfig):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 1):
                 self._fail(name, "None (d_model / heads) or a positive integer")
+        if self.source_vocab_size is not None and (not _is_int(self.source_vocab_size) or self.source_vocab_size < 1):
+            self._fail("source_vocab_size", "None (one vocabulary for source and target) or a positive integer")
         for heads in ("encoder_attention_heads", "decoder_attention_heads"):
             if self.d_model % getattr(self, heads) and (self.d_k is None or self.d_v is None):
                 self._fail(heads, f"a divisor of d_model={self.d_model}, or d_k and d_v set explicitly")
@@ -230,7 +254,11 @@ class VanillaTransformerConfig(PreTrainedConfig):
             self._fail("position_embedding_type", f"one of {POSITION_EMBEDDING_TYPES}")
         if self.sinusoid_layout not in SINUSOID_LAYOUTS:
             self._fail("sinusoid_layout", f"one of {SINUSOID_LAYOUTS}")
-        for name in ("scale_embedding", "tie_word_embeddings", "pre_layer_norm"):
+        if self.sinusoid_layout == "fairseq" and (self.d_model < 4 or self.d_model % 2 or self.pad_token_id is None):
+            self._fail(
+                "sinusoid_layout", "'fairseq' only with an even d_model >= 4 and a pad_token_id (where it counts from)"
+            )
+        for name in ("scale_embedding", "tie_word_embeddings", "pre_layer_norm", "output_bias"):
             if not isinstance(getattr(self, name), bool):
                 self._fail(name, "True or False")
 

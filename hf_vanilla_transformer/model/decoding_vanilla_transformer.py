@@ -138,7 +138,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
             return mask.sum(-1).long()
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         if ids is not None:
-            _check_ids("input_ids", ids, self.config.vocab_size)
+            _check_ids("input_ids", ids, self.config.encoder_vocab_size())
             return (ids != self.config.pad_token_id).sum(-1).long()
         states = kwargs.get("inputs_embeds")
         if states is None and kwargs.get("encoder_outputs") is not None:

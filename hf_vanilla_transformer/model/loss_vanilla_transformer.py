@@ -35,6 +35,9 @@ def project_and_score(
     """
     if labels is not None and training and _eager():
         labelled = labels != -100  # (B, T)
+        if lm_head.bias is not None:  # an output bias (not the paper): the labelled positions' logits, then the loss
+            logits = lm_head(hidden_states[labelled])  # (N, V)
+            return label_smoothed_loss(logits, labels[labelled], epsilon, num_items_in_batch), None
         loss = linear_label_smoothed_loss(
             hidden_states[labelled], lm_head.weight, labels[labelled], epsilon, num_items_in_batch
         )

@@ -61,17 +61,29 @@ def sinusoidal_positions(positions: torch.Tensor, dim: int, layout: str = "inter
     """PE(pos, 2i) = sin(pos / 10000^(2i/dim)), PE(pos, 2i+1) = cos(pos / 10000^(2i/dim)), in float32 (§3.5).
 
     `positions` holds any integer positions, shape (...,); the result has shape (..., dim). `layout="interleaved"`
-    puts sin and cos side by side as in the paper; `"concat"` puts all sines first, then all cosines (fairseq,
-    tensor2tensor and Marian's layout, with the paper's frequencies). Nothing is tabulated, so there is no length
-    limit and nothing to store in a checkpoint.
+    puts sin and cos side by side as in the paper; `"concat"` puts all sines first, then all cosines (Marian's
+    layout, with the paper's frequencies). Not the paper: `"fairseq"` is `"concat"` with the frequencies
+    10000^(-i / (dim/2 - 1)) of fairseq and tensor2tensor (its positions start at padding id + 1:
+    `token_positions`). Nothing is tabulated, so there is no length limit and nothing to store in a checkpoint.
     """
     half = (dim + 1) // 2
-    exponent = torch.arange(half, device=positions.device, dtype=torch.float32) * (2.0 / dim)
-    inv_freq = torch.pow(10000.0, -exponent)  # (dim/2,)
+    indices = torch.arange(half, device=positions.device, dtype=torch.float32)
+    if layout == "fairseq":  # fairseq's own expression of its frequencies, so that the two tables agree to the bit
+        inv_freq = torch.exp(indices * -(math.log(10000.0) / (dim // 2 - 1)))  # (dim/2,)
+    else:
+        inv_freq = torch.pow(10000.0, -indices * (2.0 / dim))  # (dim/2,)
     angles = positions.to(torch.float32)[..., None] * inv_freq  # (..., dim/2)
     if layout == "interleaved":
         return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[..., :dim]
     return torch.cat((angles.sin(), angles.cos()[..., : dim // 2]), dim=-1)
+
+
+def token_positions(config: VanillaTransformerConfig, length: int, start, device) -> torch.Tensor:
+    """The positions of the tokens start .. start + length - 1 (L,): themselves (§3.5), or for fairseq's sinusoids
+    shifted by pad_token_id + 1, where fairseq starts counting (real tokens; it gives padding a zero vector)."""
+    fairseq = config.sinusoid_layout == "fairseq" and config.position_embedding_type == "sinusoidal"
+    offset = config.pad_token_id + 1 if fairseq else 0
+    return torch.arange(length, device=device) + start + offset
 
 
 # --- Attention (§3.2) ------------------------------------------------------------------------------------------------
@@ -331,6 +343,8 @@ class VanillaTransformerPreTrainedModel(SharedEmbeddingTyingMixin, PreTrainedMod
         std = self.config.init_std or (0.02 if normal else self.config.d_model**-0.5)
         if isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
             init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:  # `output_bias` (not the paper)
+                init.zeros_(module.bias)
         elif isinstance(module, nn.Linear):
             if normal:
                 init.normal_(module.weight, mean=0.0, std=std)
@@ -376,7 +390,7 @@ class _VanillaTransformerStack(VanillaTransformerPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         inputs_embeds = inputs_embeds * self.embed_scale  # (B, L, D)
         length = inputs_embeds.shape[1]
-        positions = torch.arange(length, device=inputs_embeds.device) + start  # (L,)
+        positions = token_positions(self.config, length, start, inputs_embeds.device)  # (L,)
         if self.embed_positions is None:
             position_embeds = sinusoidal_positions(positions, self.config.d_model, self.config.sinusoid_layout)
         else:
@@ -411,7 +425,7 @@ class VanillaTransformerEncoder(_VanillaTransformerStack):
         **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutput:
         if input_ids is not None and _eager():
-            _check_ids("input_ids", input_ids, self.config.vocab_size)
+            _check_ids("input_ids", input_ids, self.config.encoder_vocab_size())
         hidden_states = self.embed(input_ids, inputs_embeds)  # (B, S, D)
         _check_mask("attention_mask", attention_mask, tuple(hidden_states.shape[:2]))
 
@@ -531,11 +545,20 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.shared = nn.Embedding(config.vocab_size, config.d_model)
-        self.encoder = VanillaTransformerEncoder(config, self.shared)
+        # Not the paper: with `source_vocab_size` the source has a vocabulary and embedding of its own (fairseq).
+        source = (
+            nn.Embedding(config.source_vocab_size, config.d_model)
+            if config.source_vocab_size is not None
+            else self.shared
+        )
+        self.encoder = VanillaTransformerEncoder(config, source)
         self.decoder = VanillaTransformerDecoder(config, self.shared)
         self.post_init()
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
+        if self.config.source_vocab_size is not None:  # the target's: the source keeps its own
+            self.shared = self.decoder.embed_tokens = value
+            return
         self.shared = self.encoder.embed_tokens = self.decoder.embed_tokens = value
 
     @can_return_tuple
@@ -613,7 +636,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.output_bias)  # bias: not the paper
         self.post_init()
         self.generation_config = default_generation_config(config)
 

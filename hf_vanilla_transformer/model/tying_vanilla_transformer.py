@@ -5,7 +5,8 @@ relatively by it, and copied beside it by `save_pretrained`.
 
 
 class SharedEmbeddingTyingMixin:
-    """Source embeddings, target embeddings and (with `tie_word_embeddings`) the output projection are one matrix."""
+    """Source embeddings, target embeddings and (with `tie_word_embeddings`) the output projection are one matrix;
+    with `source_vocab_size` (fairseq's separate dictionaries) the source embedding is a matrix of its own."""
 
     def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
         # Source and target embeddings are one matrix whatever `tie_word_embeddings` says (§3.4); that flag only
@@ -15,6 +16,8 @@ class SharedEmbeddingTyingMixin:
         tied = dict(self._tied_weights_keys or {})
         if not self.config.tie_word_embeddings:
             tied.pop("lm_head.weight", None)
+        if self.config.source_vocab_size is not None:  # not the paper: the source has an embedding of its own
+            tied = {name: source for name, source in tied.items() if "encoder.embed_tokens" not in name}
         return tied
 
     def mark_tied_weights_as_initialized(self, loading_info) -> None:

@@ -1,0 +1,161 @@
+"""A MarianMTModel folder (the opus-mt family) read into a `Conversion`.
+
+Marian is this model with four quirks, each one field of our config:
+
+* positions: the sinusoids tabulated in `[sin | cos]` halves with the paper's frequencies (`sinusoid_layout="concat"`;
+  the table in the checkpoint is checked against ours, then dropped: ours are computed for any length);
+* the FFN activation is usually `swish` (`activation_function`, any of transformers' activations);
+* `final_logits_bias`, a bias on the output logits (`output_bias`, where it is not zero);
+* special tokens: `</s>`=0, `<pad>` the last id, decoding starts from `<pad>` (the four `*_token_id` fields).
+
+The tokenizer is the folder's `MarianTokenizer` (source.spm, target.spm, vocab.json), saved as it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
+from .common import (
+    Conversion,
+    ConversionError,
+    check_position_table,
+    embedding_weights,
+    folder_generation,
+    hf_weights,
+    layer_count,
+    layer_weights,
+    read_json,
+    single_token_id,
+    source_generation,
+    strip_model_prefix,
+)
+
+
+# Options older Marian folders keep in config.json that would describe another model than the post-LN one
+# MarianMTModel computes (transformers' conversion refused them too): (key, the value this model holds, what the other
+# value would need).
+UNSUPPORTED = (
+    ("normalize_before", False, "pre-LN layers with a final LayerNorm (normalize_before)"),
+    ("add_final_layer_norm", False, "a LayerNorm after the last layer (add_final_layer_norm)"),
+    ("normalize_embedding", False, "a LayerNorm on the embeddings (normalize_embedding)"),
+    ("static_position_embeddings", True, "learned positions (static_position_embeddings=False)"),
+)
+
+
+def marian_conversion(folder: Path) -> Conversion:
+    """Read and check the MarianMTModel folder `folder`; raises ConversionError naming what this model lacks."""
+    raw = read_json(folder / "config.json")
+    _check_options(raw)
+    weights = strip_model_prefix(hf_weights(folder))
+    config = _config(raw, weights)
+    for stack in ("encoder", "decoder"):
+        name = f"{stack}.embed_positions.weight"
+        check_position_table(weights.get(name), "concat", 0, name)
+    ours = layer_weights(weights, "encoder.", "encoder", config["encoder_layers"])
+    ours |= layer_weights(weights, "decoder.", "decoder", config["decoder_layers"])
+    ours |= _embeddings(weights, config)
+    bias = weights.get("final_logits_bias")
+    if config["output_bias"]:
+        ours["lm_head.bias"] = bias.reshape(-1)
+    tokenizer = _tokenizer(folder)
+    notes = [
+        "positions: Marian's `[sin | cos]` sinusoids (`sinusoid_layout='concat'`), computed instead of tabulated",
+        f"activation: {config['activation_function']}",
+        "output bias: Marian's final_logits_bias (`output_bias=True`)"
+        if config["output_bias"]
+        else "output bias: Marian's final_logits_bias is zero, left out",
+        f"special tokens: `</s>`={config['eos_token_id']}, `<pad>`={config['pad_token_id']}, decoding starts from "
+        f"id {config['decoder_start_token_id']}",
+    ]
+    languages = (getattr(tokenizer, "source_lang", None), getattr(tokenizer, "target_lang", None))
+    return Conversion(
+        family="marian",
+        source_name=folder.name,
+        config=config,
+        weights=ours,
+        generation=source_generation(folder_generation(folder, raw), config),
+        tokenizer=tokenizer,
+        languages=languages,
+        notes=notes,
+    )
+
+
+def _check_options(raw: dict) -> None:
+    if raw.get("model_type") != "marian":
+        raise ConversionError(f"config.json has model_type {raw.get('model_type')!r}; expected 'marian'")
+    for key, holds, needs in UNSUPPORTED:
+        if key in raw and raw[key] != holds:
+            raise ConversionError(f"{key}={raw[key]!r}: this model has no {needs}")
+
+
+def _config(raw: dict, weights: dict[str, torch.Tensor]) -> dict:
+    """Our config's fields for the Marian config `raw` (transformers' defaults where a key is absent)."""
+    from transformers import MarianConfig
+
+    marian = MarianConfig.from_dict(raw)
+    shared = marian.share_encoder_decoder_embeddings
+    bias = weights.get("final_logits_bias")
+    config = dict(
+        vocab_size=marian.vocab_size if shared else marian.decoder_vocab_size,
+        source_vocab_size=None if shared else marian.vocab_size,
+        d_model=marian.d_model,
+        encoder_layers=layer_count(weights, "encoder."),
+        decoder_layers=layer_count(weights, "decoder."),
+        encoder_attention_heads=marian.encoder_attention_heads,
+        decoder_attention_heads=marian.decoder_attention_heads,
+        encoder_ffn_dim=marian.encoder_ffn_dim,
+        decoder_ffn_dim=marian.decoder_ffn_dim,
+        dropout=float(marian.dropout),
+        attention_dropout=float(marian.attention_dropout),
+        activation_dropout=float(marian.activation_dropout),
+        activation_function=marian.activation_function,
+        scale_embedding=marian.scale_embedding,
+        tie_word_embeddings=marian.tie_word_embeddings,
+        output_bias=bias is not None and bool(bias.any()),
+        layer_norm_eps=1e-5,  # torch's LayerNorm default, which Marian's layers use
+        sinusoid_layout="concat",
+        pad_token_id=marian.pad_token_id,
+        bos_token_id=single_token_id("bos_token_id", marian.bos_token_id),
+        eos_token_id=single_token_id("eos_token_id", marian.eos_token_id),
+        decoder_start_token_id=marian.decoder_start_token_id,
+    )
+    if (config["encoder_layers"], config["decoder_layers"]) != (marian.encoder_layers, marian.decoder_layers):
+        raise ConversionError(
+            f"the weights hold {config['encoder_layers']} + {config['decoder_layers']} layers; config.json says "
+            f"{marian.encoder_layers} + {marian.decoder_layers}"
+        )
+    return config
+
+
+def _embeddings(weights: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
+    """The one shared matrix (or, without `share_encoder_decoder_embeddings`, the source's and the target's), and
+    an untied output projection where the config unties it."""
+    shared = config["source_vocab_size"] is None
+    # Folders written by transformers 5 hold the shared matrix once (shared.weight); older ones under each name.
+    target = weights.get("shared.weight", weights.get("encoder.embed_tokens.weight"))
+    target = target if shared else weights.get("decoder.embed_tokens.weight")
+    source = None if shared else weights.get("encoder.embed_tokens.weight")
+    if target is None or (not shared and source is None):
+        raise ConversionError("the checkpoint lacks its token embeddings (shared.weight or *.embed_tokens.weight)")
+    output = None if config["tie_word_embeddings"] else weights.get("lm_head.weight")
+    if not config["tie_word_embeddings"] and output is None:
+        raise ConversionError("tie_word_embeddings=False but the checkpoint has no lm_head.weight")
+    return embedding_weights(VanillaTransformerConfig(**config), target, source, output)
+
+
+def _tokenizer(folder: Path):
+    """The folder's MarianTokenizer (it needs `sentencepiece`: `pip install hf-vanilla-transformer[convert]`)."""
+    missing = [name for name in ("source.spm", "target.spm", "vocab.json") if not (folder / name).exists()]
+    if missing:
+        raise ConversionError(f"no MarianTokenizer in {folder.name}: {', '.join(missing)} missing")
+    try:
+        from transformers import MarianTokenizer
+
+        return MarianTokenizer.from_pretrained(folder)
+    except ImportError as error:
+        raise ConversionError(
+            f"the MarianTokenizer needs sentencepiece ({error}); pip install sentencepiece"
+        ) from error

@@ -1,0 +1,556 @@
+"""Converting MarianMTModel and FSMT folders and fairseq checkpoints (hf_vanilla_transformer.convert), offline: each
+source built here with its own classes (tests/convert_sources.py); the converted model gives the source's logits
+(1e-5, padded batches) and the source's tokens with greedy and beam search under the source's decoding settings, its
+tokenizer gives the source tokenizer's ids on the 240 fixture sentences; a fairseq checkpoint's pickle runs no code;
+what this model cannot hold is refused in one line before anything is written; a converted folder loads without the
+package and in pipeline("translation"); converted models export to CTranslate2 with greedy token parity. The slow
+tests: the published sizes (opus-mt-en-de, wmt19-en-de reduced, fairseq's transformer_wmt_en_de), and a converted
+model fine-tuned with the cpu recipe, then exported to CTranslate2 with greedy token parity."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+from hf_vanilla_transformer.convert import ConversionError, convert_model
+
+from conftest import FIXTURES, run_script, run_without_package
+from convert_sources import (
+    PAIRS,
+    SENTENCES,
+    bpe_codes,
+    fairseq_arguments,
+    fairseq_dictionaries,
+    fairseq_reference_ids,
+    fairseq_state_dict,
+    fsmt_source,
+    fsmt_tokenizer_files,
+    fsmt_twin,
+    marian_source,
+    marian_tokenizer_files,
+    save_fairseq_checkpoint,
+)
+
+
+pytest.importorskip("sentencepiece")
+sacremoses = pytest.importorskip("sacremoses")
+pytest.importorskip("subword_nmt")
+
+TOLERANCE = dict(rtol=0.0, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def marian_tokenizer(tmp_path_factory):
+    return marian_tokenizer_files(tmp_path_factory.mktemp("marian_tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def codes() -> str:
+    return bpe_codes()
+
+
+@pytest.fixture(scope="module")
+def fsmt_tokenizer(tmp_path_factory, codes):
+    return fsmt_tokenizer_files(tmp_path_factory.mktemp("fsmt_tokenizer"), codes)
+
+
+def teacher_forced(tokenizer, pairs, start: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """A padded batch of sources, and the targets shifted right behind `start` with their padding mask."""
+    batch = tokenizer([source for source, _ in pairs], return_tensors="pt", padding=True)
+    targets = tokenizer(text_target=[target for _, target in pairs], return_tensors="pt", padding=True)
+    starts = torch.full((len(pairs), 1), start)
+    decoder_ids = torch.cat([starts, targets["input_ids"][:, :-1]], dim=1)
+    decoder_mask = torch.cat([torch.ones_like(starts), targets["attention_mask"][:, :-1]], dim=1)
+    return dict(batch), decoder_ids, decoder_mask
+
+
+def assert_same_logits(source_model, ours, batch, decoder_ids, decoder_mask, **source_kwargs) -> None:
+    """The converted model's logits equal the source's at every real target position of a padded batch."""
+    assert (batch["attention_mask"] == 0).any() and (decoder_mask == 0).any()  # padding on both sides
+    with torch.no_grad():
+        expected = source_model(
+            **batch, decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask, **source_kwargs
+        ).logits
+        logits = ours(**batch, decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask).logits
+    real = decoder_mask.bool()
+    torch.testing.assert_close(logits[real], expected[real], **TOLERANCE)
+    assert expected.abs().max() > 1.0  # not a comparison of near-zero outputs
+
+
+def assert_same_tokens(source_model, ours, batch, eos: int, **settings) -> None:
+    """Greedy and 4-beam search give the source's tokens, each model with its own generation config (the source's
+    decoding settings, converted); some sentences end before the length limit, at different lengths."""
+    for beams in (1, 4):
+        expected = source_model.generate(**batch, num_beams=beams, **settings)
+        generated = ours.generate(**batch, num_beams=beams, **settings)
+        assert torch.equal(generated, expected), (beams, generated, expected)
+        lengths = (expected[:, 1:] == eos).int().argmax(dim=1)  # where each sentence's </s> is (0: none or first)
+        assert len(set(lengths.tolist())) >= 3, (beams, expected)
+
+
+# --- MarianMTModel ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def marian_converted(tmp_path_factory, marian_tokenizer):
+    """A MarianMTModel folder as opus-mt-en-de's (small), and its conversion."""
+    root = tmp_path_factory.mktemp("marian")
+    marian = marian_source(root / "opus-mt-en-de", marian_tokenizer)
+    return marian, convert_model(root / "opus-mt-en-de", root / "converted", source_id="Helsinki-NLP/opus-mt-en-de")
+
+
+def test_a_marian_folder_converts_to_equal_logits_tokens_and_ids(tmp_path, marian_tokenizer, marian_converted):
+    marian, output = marian_converted
+    ours = AutoModelForSeq2SeqLM.from_pretrained(output).eval()
+    config = ours.config
+    assert (config.sinusoid_layout, config.activation_function, config.output_bias) == ("concat", "swish", True)
+    pad = len(marian_tokenizer) - 1
+    assert (config.pad_token_id, config.eos_token_id, config.decoder_start_token_id) == (pad, 0, pad)
+    assert ours.lm_head.weight is ours.model.shared.weight is ours.model.encoder.embed_tokens.weight
+    torch.testing.assert_close(ours.lm_head.bias, marian.final_logits_bias[0], rtol=0, atol=0)
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    assert type(tokenizer).__name__ == "MarianTokenizer"
+    for source, target in SENTENCES:
+        assert tokenizer(source)["input_ids"] == marian_tokenizer(source)["input_ids"]
+        assert tokenizer(text_target=target)["input_ids"] == marian_tokenizer(text_target=target)["input_ids"]
+    batch, decoder_ids, decoder_mask = teacher_forced(tokenizer, PAIRS[:8], start=pad)
+    assert_same_logits(marian, ours, batch, decoder_ids, decoder_mask)
+    assert_same_tokens(marian, ours, batch, eos=0)
+    generation = json.loads((output / "generation_config.json").read_text())
+    assert generation["max_length"] == 48 and generation["bad_words_ids"] == [[pad]]
+    assert generation["length_penalty_type"] == "hf" and generation["relative_max_length"] is None
+    card = (output / "README.md").read_text()
+    assert "base_model: Helsinki-NLP/opus-mt-en-de" in card and str(tmp_path) not in card
+
+
+def test_a_marian_folder_with_separate_embeddings_converts_to_equal_logits(tmp_path, marian_tokenizer):
+    """`share_encoder_decoder_embeddings=False` (some opus-mt pairs): the source's embedding of its own."""
+    marian = marian_source(tmp_path / "marian", marian_tokenizer, share_encoder_decoder_embeddings=False)
+    ours = AutoModelForSeq2SeqLM.from_pretrained(convert_model(tmp_path / "marian", tmp_path / "out")).eval()
+    assert ours.config.source_vocab_size == len(marian_tokenizer)
+    torch.testing.assert_close(ours.model.encoder.embed_tokens.weight, marian.model.encoder.embed_tokens.weight)
+    torch.testing.assert_close(ours.model.shared.weight, marian.model.decoder.embed_tokens.weight)
+    assert not torch.equal(ours.model.encoder.embed_tokens.weight, ours.model.shared.weight)
+    pad = len(marian_tokenizer) - 1
+    batch, decoder_ids, decoder_mask = teacher_forced(marian_tokenizer, PAIRS[8:16], start=pad)
+    assert_same_logits(marian, ours, batch, decoder_ids, decoder_mask)
+
+
+def test_a_marian_position_table_is_checked_against_the_sinusoids_then_dropped(tmp_path, marian_converted):
+    """Older Marian folders hold their position tables: Marian's sinusoids convert (ours are computed instead), a
+    table that is not them (learned or altered positions) is refused."""
+    from safetensors.torch import load_file, save_file
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    source = marian_converted[0]
+    table = MarianSinusoidalPositionalEmbedding(256, source.config.d_model).create_weight()
+    for variant, rows in (("tabulated", table), ("learned", table + 0.01)):
+        folder = tmp_path / variant
+        source.save_pretrained(folder)
+        for file in ("source.spm", "target.spm", "vocab.json", "tokenizer_config.json"):
+            (folder / file).write_bytes((marian_converted[1] / file).read_bytes())
+        weights = load_file(folder / "model.safetensors")
+        stacks = {f"model.{stack}.embed_positions.weight": rows.clone() for stack in ("encoder", "decoder")}
+        save_file({**weights, **stacks}, folder / "model.safetensors")
+    ours = AutoModelForSeq2SeqLM.from_pretrained(convert_model(tmp_path / "tabulated", tmp_path / "out"))
+    assert not any("embed_positions" in name for name in ours.state_dict())
+    with pytest.raises(ConversionError, match="encoder.embed_positions.weight is not the concat sinusoid table"):
+        convert_model(tmp_path / "learned", tmp_path / "refused")
+
+
+# --- FSMT ------------------------------------------------------------------------------------------------------------
+
+
+def test_an_fsmt_folder_converts_to_equal_logits_tokens_and_ids(tmp_path, fsmt_tokenizer):
+    fsmt = fsmt_source(tmp_path / "wmt19-en-de", fsmt_tokenizer)
+    output = convert_model(tmp_path / "wmt19-en-de", tmp_path / "converted")
+    ours = AutoModelForSeq2SeqLM.from_pretrained(output).eval()
+    config = ours.config
+    assert config.sinusoid_layout == "fairseq" and config.decoder_start_token_id == 2
+    assert config.source_vocab_size == fsmt_tokenizer.src_vocab_size and not config.tie_word_embeddings
+    embeddings = (ours.model.encoder.embed_tokens.weight, ours.model.shared.weight, ours.lm_head.weight)
+    assert len({tensor.data_ptr() for tensor in embeddings}) == 3  # three matrices, as the source's
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    for source, _ in SENTENCES[::4]:  # FSMT's own tokenizer, saved again: a sample of the sentences
+        assert tokenizer(source)["input_ids"] == fsmt_tokenizer(source)["input_ids"]
+    batch = dict(tokenizer([source for source, _ in PAIRS[:8]], return_tensors="pt", padding=True))
+    decoder_ids = torch.randint(4, config.vocab_size, (8, 11), generator=torch.Generator().manual_seed(0))
+    decoder_ids[:, 0] = 2
+    decoder_mask = torch.ones_like(decoder_ids)
+    decoder_mask[::2, 7:] = 0
+    decoder_ids[decoder_mask == 0] = 1
+    assert_same_logits(fsmt, ours, batch, decoder_ids, decoder_mask, use_cache=False)
+    assert_same_tokens(fsmt, ours, batch, eos=2, suppress_tokens=[1])  # (never <pad>: FSMT's position of a pad differs)
+    generation = json.loads((output / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["length_penalty"], generation["max_length"]) == (5, 1.1, 48)
+
+
+# --- fairseq ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fairseq_folder(tmp_path_factory, codes):
+    """A fairseq model folder as its archives unpack: model.pt, dict.en.txt, dict.de.txt, bpecodes."""
+    folder = tmp_path_factory.mktemp("fairseq") / "wmt16.en-de.transformer"
+    symbols = fairseq_dictionaries(folder, codes)
+    sizes = (len(symbols["en"]), len(symbols["de"]))
+    args = fairseq_arguments()
+    state = fairseq_state_dict(args, sizes)
+    save_fairseq_checkpoint(folder / "model.pt", args, state)
+    return folder, args, state, symbols
+
+
+def test_a_fairseq_checkpoint_converts_to_fsmts_logits_and_tokens_and_fairseqs_ids(tmp_path, fairseq_folder, codes):
+    """fairseq itself does not install here (Python 3.11; docs/converting.md): the mapping is proven through FSMT,
+    fairseq's model in transformers, holding the same state dict; the tokenizer against fairseq's own pipeline
+    (sacremoses, subword-nmt, the dictionary)."""
+    folder, args, state, symbols = fairseq_folder
+    sizes = (len(symbols["en"]), len(symbols["de"]))
+    output = convert_model(folder, tmp_path / "converted")
+    ours = AutoModelForSeq2SeqLM.from_pretrained(output).eval()
+    assert (ours.config.source_vocab_size, ours.config.vocab_size) == sizes
+    assert ours.lm_head.weight is ours.model.shared.weight  # share_decoder_input_output_embed
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    detokenizer = sacremoses.MosesDetokenizer(lang="de")
+    for source, target in SENTENCES:
+        assert tokenizer(source)["input_ids"] == fairseq_reference_ids(source, "en", codes, symbols["en"]), source
+        # fairseq decodes target ids by its dictionary, joins the BPE pieces and detokenizes with Moses.
+        ids = fairseq_reference_ids(target, "de", codes, symbols["de"])
+        if 3 not in ids:
+            pieces = " ".join(symbols["de"][i] for i in ids[:-1]).replace("@@ ", "")
+            assert tokenizer.decode(ids, skip_special_tokens=True) == detokenizer.detokenize(pieces.split()), target
+    twin = fsmt_twin(args, state, sizes)
+    batch = dict(tokenizer([source for source, _ in PAIRS[:8]], return_tensors="pt", padding=True))
+    decoder_ids = torch.randint(4, sizes[1], (8, 11), generator=torch.Generator().manual_seed(0))
+    decoder_ids[:, 0] = 2
+    decoder_mask = torch.ones_like(decoder_ids)
+    decoder_mask[1::2, 6:] = 0
+    decoder_ids[decoder_mask == 0] = 1
+    assert_same_logits(twin, ours, batch, decoder_ids, decoder_mask, use_cache=False)
+    generation = {key: value for key, value in json.loads((output / "generation_config.json").read_text()).items()}
+    assert generation["suppress_tokens"] == [1] and generation["max_length"] == 202
+    settings = dict(max_length=40, min_length=2, suppress_tokens=[1], forced_eos_token_id=2, early_stopping=True)
+    assert_same_tokens(twin, ours, batch, eos=2, **settings)
+
+
+def test_an_older_fairseq_layout_converts_to_the_same_model(tmp_path, fairseq_folder):
+    """fairseq before 0.7: each attention's q, k, v in one `in_proj_weight`, LayerNorms as `layer_norms.N`."""
+    folder, args, state, _ = fairseq_folder
+    old = {}
+    for name, tensor in state.items():
+        if any(f".{p}_proj." in name for p in "qkv"):
+            stem, kind = name.rsplit(".", 2)[0], name.rsplit(".", 1)[1]
+            if name.endswith(f"q_proj.{kind}"):
+                parts = [state[f"{stem}.{p}_proj.{kind}"] for p in "qkv"]
+                old[f"{stem}.in_proj_{kind}"] = torch.cat(parts)
+            continue
+        for index, norm in enumerate(("self_attn_layer_norm", "final_layer_norm")):
+            if name.startswith("encoder.") and f".{norm}." in name:
+                name = name.replace(f".{norm}.", f".layer_norms.{index}.")
+        old[name] = tensor
+    old_folder = tmp_path / "old"
+    old_folder.mkdir()
+    for file in ("dict.en.txt", "dict.de.txt", "bpecodes"):
+        (old_folder / file).write_bytes((folder / file).read_bytes())
+    save_fairseq_checkpoint(old_folder / "checkpoint_best.pt", args, old)
+    first = AutoModelForSeq2SeqLM.from_pretrained(convert_model(folder, tmp_path / "new_out"))
+    second = AutoModelForSeq2SeqLM.from_pretrained(convert_model(old_folder, tmp_path / "old_out"))
+    for (name, a), b in zip(first.state_dict().items(), second.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+class CallsSomething:
+    """What a malicious or careless checkpoint can hold: a pickle that calls a function when it is loaded."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
+def test_a_pickle_naming_another_callable_is_refused_and_runs_nothing(tmp_path, fairseq_folder):
+    folder, args, state, _ = fairseq_folder
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    for file in ("dict.en.txt", "dict.de.txt", "bpecodes"):
+        (evil / file).write_bytes((folder / file).read_bytes())
+    marker = tmp_path / "it-ran"
+    save_fairseq_checkpoint(evil / "model.pt", args, state, hook=CallsSomething(marker))
+    with pytest.raises(ConversionError, match=r"names posix\.mkdir in its pickle.*refused without running it") as error:
+        convert_model(evil, tmp_path / "out")
+    assert "\n" not in str(error.value)
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+# --- What this model cannot hold: refused in one line, nothing written -----------------------------------------------
+
+
+def fairseq_variant(folder: Path, source: Path, args, state, **arguments) -> Path:
+    """A copy of the fairseq folder `source` whose checkpoint's arguments differ by `arguments`."""
+    folder.mkdir()
+    for file in ("dict.en.txt", "dict.de.txt", "bpecodes"):
+        (folder / file).write_bytes((source / file).read_bytes())
+    changed = type(args)(**{**vars(args), **arguments})
+    return save_fairseq_checkpoint(folder / "model.pt", changed, state)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (dict(encoder_normalize_before=True), r"encoder_normalize_before=True: this model has no pre-LN encoder"),
+        (dict(decoder_learned_pos=True), r"decoder_learned_pos=True: this model has no learned positions"),
+        (dict(arch="lstm_wiseman_iwslt_de_en"), r"arch='lstm_wiseman_iwslt_de_en' is not one of fairseq's transformer"),
+        (dict(layernorm_embedding=True), r"layernorm_embedding=True: this model has no a LayerNorm on the embeddings"),
+        (dict(activation_fn="swish"), r"activation_fn='swish': this model has \["),
+        (dict(target_lang="fr"), r"no dictionary dict\.fr\.txt beside the checkpoint"),
+    ],
+)
+def test_a_fairseq_option_this_model_lacks_is_refused_in_one_line(tmp_path, fairseq_folder, arguments, message):
+    folder, args, state, _ = fairseq_folder
+    fairseq_variant(tmp_path / "variant", folder, args, state, **arguments)
+    with pytest.raises(ConversionError, match=message) as error:
+        convert_model(tmp_path / "variant", tmp_path / "out")
+    assert "\n" not in str(error.value) and not (tmp_path / "out").exists()
+    assert [path.name for path in tmp_path.iterdir()] == ["variant"]  # no partial folder left either
+
+
+def test_other_sources_and_a_used_output_folder_are_refused_in_one_line(tmp_path, marian_tokenizer):
+    marian_source(tmp_path / "marian", marian_tokenizer)
+    config = json.loads((tmp_path / "marian" / "config.json").read_text())
+    cases = {
+        "bart": ({**config, "model_type": "bart"}, r"model_type 'bart'; expected a MarianMTModel \('marian'\) or FSMT"),
+        "prenorm": ({**config, "normalize_before": True}, r"normalize_before=True: this model has no pre-LN layers"),
+        "layernorm": ({**config, "normalize_embedding": True}, r"normalize_embedding=True: .* LayerNorm on the emb"),
+    }
+    for name, (changed, message) in cases.items():
+        (tmp_path / name).mkdir()
+        for file in (tmp_path / "marian").iterdir():
+            (tmp_path / name / file.name).write_bytes(file.read_bytes())
+        (tmp_path / name / "config.json").write_text(json.dumps(changed))
+        with pytest.raises(ConversionError, match=message):
+            convert_model(tmp_path / name, tmp_path / f"{name}-out")
+        assert not (tmp_path / f"{name}-out").exists()
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "notes.txt").write_text("mine")
+    with pytest.raises(ConversionError, match="exists and is not an empty folder"):
+        convert_model(tmp_path / "marian", tmp_path / "used")
+    (tmp_path / "no-tokenizer").mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        (tmp_path / "no-tokenizer" / name).write_bytes((tmp_path / "marian" / name).read_bytes())
+    with pytest.raises(ConversionError, match=r"no MarianTokenizer in no-tokenizer: source\.spm, target\.spm"):
+        convert_model(tmp_path / "no-tokenizer", tmp_path / "out")
+    with pytest.raises(ConversionError, match="does not exist"):
+        convert_model(tmp_path / "nowhere", tmp_path / "out")
+    with pytest.raises(ConversionError, match=r"source_id='a/b\\nlicense: mit' is invalid; expected a Hub id"):
+        convert_model(tmp_path / "marian", tmp_path / "out", source_id="a/b\nlicense: mit")  # into the card's YAML
+    assert not (tmp_path / "out").exists()
+
+
+# --- A converted folder in the package's flows -----------------------------------------------------------------------
+
+
+def test_the_convert_command_writes_a_folder_that_loads_without_the_package(tmp_path, fairseq_folder):
+    """`vanilla-transformer convert` on a fairseq folder; the result loads in a process where this package cannot be
+    imported (model and tokenizer by `trust_remote_code=True`) and gives the same ids and logits."""
+    from hf_vanilla_transformer.commands.cli import main
+
+    folder, *_ = fairseq_folder
+    main(["convert", str(folder), str(tmp_path / "converted")])
+    with pytest.raises(SystemExit, match="vanilla-transformer convert: .* exists and is not an empty folder"):
+        main(["convert", str(folder), str(tmp_path / "converted")])
+    ours = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "converted").eval()
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "converted")
+    batch = tokenizer([source for source, _ in PAIRS[:3]], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        expected = ours(**batch, decoder_input_ids=batch["input_ids"][:, :5].clamp(max=50)).logits
+    torch.save({"logits": expected, "ids": batch["input_ids"]}, tmp_path / "expected.pt")
+    result = run_without_package(
+        f"""
+        import torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        folder = {str(tmp_path / "converted")!r}
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        batch = tokenizer({[source for source, _ in PAIRS[:3]]!r}, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            logits = model(**batch, decoder_input_ids=batch["input_ids"][:, :5].clamp(max=50)).logits
+        torch.save({{"logits": logits, "ids": batch["input_ids"], "class": type(tokenizer).__module__}}, "got.pt")
+        """,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    got, wanted = torch.load(tmp_path / "got.pt"), torch.load(tmp_path / "expected.pt")
+    assert got["class"].startswith("transformers_modules")  # the folder's own tokenizer file
+    assert torch.equal(got["ids"], wanted["ids"])
+    torch.testing.assert_close(got["logits"], wanted["logits"], rtol=0, atol=0)
+
+
+def test_a_converted_marian_model_translates_in_the_pipeline(marian_tokenizer, marian_converted):
+    marian, output = marian_converted
+    translator = pipeline("translation", model=str(output))
+    sources = [source for source, _ in PAIRS[:4]]
+    expected = marian.generate(**marian_tokenizer(sources, return_tensors="pt", padding=True), num_beams=2)
+    texts = marian_tokenizer.batch_decode(expected, skip_special_tokens=True)
+    assert [result["translation_text"] for result in translator(sources, num_beams=2)] == [t.strip() for t in texts]
+
+
+@pytest.mark.slow
+def test_a_converted_model_fine_tunes_with_the_cpu_recipe_and_exports_to_ctranslate2(tmp_path, marian_tokenizer):
+    """A converted Marian model trains with `vanilla-transformer train --recipe cpu --model_name_or_path` (its own
+    tokenizer, a few updates), and its CTranslate2 export decodes greedily the tokens `generate()` gives."""
+    pytest.importorskip("ctranslate2")
+    from hf_vanilla_transformer.deploy.ctranslate2 import CTranslate2Translator, export_ctranslate2
+
+    marian_source(tmp_path / "opus-mt-en-de", marian_tokenizer, dropout=0.0)
+    converted = convert_model(tmp_path / "opus-mt-en-de", tmp_path / "converted")
+    fixtures = FIXTURES
+    result = run_script(
+        "train.py",
+        *("--recipe", "cpu", "--model_name_or_path", converted, "--max_steps", "6", "--output_dir", tmp_path / "run"),
+        *("--data_files", fixtures / "libreoffice_help_en_de_200.tsv", "--eval_strategy", "no"),
+        *("--validation_files", fixtures / "libreoffice_help_en_de_test_40.tsv", "--max_eval_samples", "10"),
+        *("--test_files", fixtures / "libreoffice_help_en_de_test_40.tsv", "--test_beams", "1"),
+        *("--length_penalty_choices", "0.6", "--precision", "fp32", "--attn_implementation", "sdpa"),
+        *("--data_cache_dir", tmp_path / "cache", "--disable_tqdm", "true"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["training"]["steps"] == 6
+    tuned = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "run").eval()
+    before = AutoModelForSeq2SeqLM.from_pretrained(converted)
+    assert not torch.equal(tuned.model.shared.weight, before.model.shared.weight)  # it trained
+    assert tuned.lm_head.bias is not None and not torch.equal(tuned.lm_head.bias, before.lm_head.bias)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run")
+    assert type(tokenizer).__name__ == "MarianTokenizer"
+
+    engine = CTranslate2Translator(export_ctranslate2(tmp_path / "run", tmp_path / "ct2"))
+    sentences = [source for source, _ in SENTENCES[200:216]]
+    results = engine.translator.translate_batch(engine.tokens(sentences), beam_size=1, max_decoding_length=20)
+    batch = tokenizer(sentences, return_tensors="pt", padding=True)
+    ours = tuned.generate(**batch, num_beams=1, max_new_tokens=20, forced_eos_token_id=None)
+    specials = {tuned.config.pad_token_id, tuned.config.eos_token_id}
+    for result, row in zip(results, ours, strict=True):
+        assert result.hypotheses[0] == tokenizer.convert_ids_to_tokens([t for t in row.tolist() if t not in specials])
+    # A random model's translations: of different lengths by source (not one output for every input).
+    assert len({len(result.hypotheses[0]) for result in results}) >= 3
+
+
+def test_a_converted_fairseq_model_with_a_joined_dictionary_exports_to_ctranslate2(tmp_path, codes, fsmt_tokenizer):
+    """transformer.wmt16.en-de's layout: one dictionary and one embedding matrix for both languages
+    (`share_all_embeddings`); its CTranslate2 export (fairseq's positions written out as a table, the fairseq
+    tokenizer beside it) decodes greedily the tokens `generate()` gives. A source vocabulary of its own is refused."""
+    pytest.importorskip("ctranslate2")
+    from hf_vanilla_transformer.deploy.ctranslate2 import CTranslate2Translator, export_ctranslate2
+
+    folder = tmp_path / "wmt16.en-de.joined-dict.transformer"
+    symbols = fairseq_dictionaries(folder, codes, joined=True)
+    args = fairseq_arguments(share_all_embeddings=True)
+    state = fairseq_state_dict(args, (len(symbols["en"]), len(symbols["de"])))
+    state["encoder.embed_tokens.weight"] = state["decoder.embed_tokens.weight"]
+    save_fairseq_checkpoint(folder / "model.pt", args, state)
+    converted = convert_model(folder, tmp_path / "converted")
+    ours = AutoModelForSeq2SeqLM.from_pretrained(converted).eval()
+    assert ours.config.source_vocab_size is None and ours.model.encoder.embed_tokens is ours.model.shared
+    engine = CTranslate2Translator(export_ctranslate2(converted, tmp_path / "ct2"))
+    tokenizer = engine.tokenizer
+    sentences = [source for source, _ in SENTENCES[200:216]]
+    results = engine.translator.translate_batch(engine.tokens(sentences), beam_size=1, max_decoding_length=30)
+    batch = tokenizer(sentences, return_tensors="pt", padding=True)
+    # fairseq's decoding (at least one token, never <pad>) is CTranslate2's greedy search; no </s> forced at the limit.
+    generated = ours.generate(**batch, num_beams=1, max_new_tokens=30, forced_eos_token_id=None)
+    for result, row in zip(results, generated, strict=True):
+        tokens = row.tolist()[1:]
+        tokens = tokens[: tokens.index(2)] if 2 in tokens else tokens  # up to </s>, which CTranslate2 leaves out
+        assert result.hypotheses[0] == tokenizer.convert_ids_to_tokens(tokens)
+    assert len({len(result.hypotheses[0]) for result in results}) >= 3
+    fsmt_source(tmp_path / "fsmt", fsmt_tokenizer)
+    separate = convert_model(tmp_path / "fsmt", tmp_path / "fsmt-converted")
+    with pytest.raises(ValueError, match=r"source_vocab_size=\d+: a source vocabulary of its own .* not exported"):
+        export_ctranslate2(separate, tmp_path / "fsmt-ct2")
+
+
+# --- The published sizes (slow) --------------------------------------------------------------------------------------
+
+
+def random_batch(vocab: int, pad: int, sentences: int = 4, length: int = 21, seed: int = 0) -> dict:
+    """Sentences of random real tokens (none special), right-padded to different lengths, ending with </s>."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab - 1, (sentences, length), generator=generator)
+    mask = torch.ones_like(ids)
+    for row in range(1, sentences):
+        mask[row, length - 3 * row :] = 0
+    return ids, mask
+
+
+@pytest.mark.slow
+def test_opus_mt_en_de_sized_marian_converts_to_equal_logits_and_tokens(tmp_path, marian_tokenizer):
+    """opus-mt-en-de's configuration: d_model 512, 6 + 6 layers, 8 heads, d_ff 2048, swish, 58,101 tokens."""
+    sizes = dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8)
+    sizes |= dict(encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512, vocab_size=58101)
+    marian = marian_source(tmp_path / "opus-mt-en-de", marian_tokenizer, **sizes)
+    ours = AutoModelForSeq2SeqLM.from_pretrained(convert_model(tmp_path / "opus-mt-en-de", tmp_path / "out")).eval()
+    ids, mask = random_batch(58101, pad=58100)
+    ids[mask == 0] = 58100
+    ids[torch.arange(4), mask.sum(1) - 1] = 0  # </s>
+    decoder_ids = torch.cat([torch.full((4, 1), 58100), ids[:, :-1]], dim=1)
+    assert_same_logits(marian, ours, {"input_ids": ids, "attention_mask": mask}, decoder_ids, mask)
+    batch = {"input_ids": ids, "attention_mask": mask}
+    for beams in (1, 4):
+        expected = marian.generate(**batch, num_beams=beams, max_length=40)
+        assert torch.equal(ours.generate(**batch, num_beams=beams, max_length=40), expected)
+
+
+@pytest.mark.slow
+def test_wmt19_en_de_sized_fsmt_at_reduced_depth_and_width_converts_to_equal_logits_and_tokens(
+    tmp_path, fsmt_tokenizer
+):
+    """wmt19-en-de's vocabularies (42,024 each, separate) and settings, at 3 + 3 layers of d_model 256 (of 6 + 6 of
+    1,024 with d_ff 8,192)."""
+    sizes = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4)
+    sizes |= dict(encoder_ffn_dim=2048, decoder_ffn_dim=2048, src_vocab_size=42024, tgt_vocab_size=42024)
+    fsmt = fsmt_source(tmp_path / "wmt19-en-de", fsmt_tokenizer, **sizes)
+    ours = AutoModelForSeq2SeqLM.from_pretrained(convert_model(tmp_path / "wmt19-en-de", tmp_path / "out")).eval()
+    assert ours.config.source_vocab_size == 42024
+    ids, mask = random_batch(42024, pad=1)
+    ids[mask == 0] = 1
+    ids[torch.arange(4), mask.sum(1) - 1] = 2
+    decoder_ids = torch.cat([torch.full((4, 1), 2), ids[:, :-1]], dim=1)
+    batch = {"input_ids": ids, "attention_mask": mask}
+    assert_same_logits(fsmt, ours, batch, decoder_ids, mask, use_cache=False)
+    for beams in (1, 4):
+        expected = fsmt.generate(**batch, num_beams=beams, max_length=40, suppress_tokens=[1])
+        assert torch.equal(ours.generate(**batch, num_beams=beams, max_length=40, suppress_tokens=[1]), expected)
+
+
+@pytest.mark.slow
+def test_a_transformer_wmt_en_de_sized_fairseq_checkpoint_converts_like_fsmt(tmp_path, codes):
+    """fairseq's `transformer_wmt_en_de` at its size (d_model 512, 6 + 6 layers, 8 heads, d_ff 2048) with separate
+    dictionaries, against its FSMT twin."""
+    folder = tmp_path / "checkpoints"
+    symbols = fairseq_dictionaries(folder, codes)
+    sizes = (len(symbols["en"]), len(symbols["de"]))
+    args = fairseq_arguments(embed_dim=512, encoder_ffn_embed_dim=2048, decoder_ffn_embed_dim=2048)
+    args.encoder_layers = args.decoder_layers = 6
+    args.encoder_attention_heads = args.decoder_attention_heads = 8
+    state = fairseq_state_dict(args, sizes)
+    save_fairseq_checkpoint(folder / "checkpoint_best.pt", args, state)
+    ours = AutoModelForSeq2SeqLM.from_pretrained(convert_model(folder / "checkpoint_best.pt", tmp_path / "out"))
+    twin = fsmt_twin(args, state, sizes)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    batch = dict(tokenizer([source for source, _ in PAIRS[:6]], return_tensors="pt", padding=True))
+    decoder_ids = torch.randint(4, sizes[1], (6, 15), generator=torch.Generator().manual_seed(0))
+    decoder_ids[:, 0] = 2
+    decoder_mask = torch.ones_like(decoder_ids)
+    decoder_mask[::2, 9:] = 0
+    decoder_ids[decoder_mask == 0] = 1
+    assert_same_logits(twin, ours.eval(), batch, decoder_ids, decoder_mask, use_cache=False)
+    settings = dict(max_length=40, min_length=2, suppress_tokens=[1], forced_eos_token_id=2, early_stopping=True)
+    for beams in (1, 4):
+        expected = twin.generate(**batch, num_beams=beams, **settings)
+        assert torch.equal(ours.generate(**batch, num_beams=beams, **settings), expected)
