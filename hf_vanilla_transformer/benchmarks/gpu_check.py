@@ -1,0 +1,360 @@
+"""The GPU check (`vanilla-transformer gpu-check`, `make gpu-check`): whether the package works on this GPU, in under
+ten minutes on a fresh clone, before a day of training is committed to it. Each step is a subprocess under its own
+time limit, its output in a log file of the check's folder:
+
+1. the `gpu` tests (`pytest -m gpu` in the clone's tests/), passed, failed and skipped counted from pytest's lines;
+2. the main job (`vanilla-transformer main --max_minutes 5`) on the LibreOffice help corpus, into the check's folder;
+3. the speed benchmark (`vanilla-transformer benchmark`) of base and big in bf16 with SDPA, eager and compiled, one
+   process per size, at the main job's batch, vocabulary and dropout (so that its training step is the main job's:
+   the main job runs before it for that reason; the issue's order is tests, benchmark, main job).
+
+Then one table (`gpu_check_table.py`: each row, its goal and its mark) printed and written as JSON.
+
+On a machine without a CUDA device (or `--mode cpu`) the same steps run scaled down to a few minutes on two cores,
+and the first line and the JSON say that the figures mean nothing: the gpu tests are collected and skipped, the main
+job is the cpu recipe's tiny model in fp32 with SDPA for 3 minutes (on the 240 fixture pairs of tests/fixtures,
+where the clone has them: the help corpus's test split takes minutes to decode on two cores), and the benchmark is
+its size ("toy") in fp32, eager only (compiling its six variants takes minutes there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from ..utils.machine import describe_machine
+from .gpu_check_table import CheckOutputs, benchmark_size, check_rows, render_table
+
+
+CPU_DEVICE = "cpu (not a GPU: the logic is checked, the figures mean nothing)"
+FIXTURES = ("libreoffice_help_en_de_200.tsv", "libreoffice_help_en_de_test_40.tsv")  # train; validation and test
+
+
+@dataclass(frozen=True)
+class CheckMode:
+    """What each step runs on this kind of machine, and its time limits in seconds (the main job's beyond its
+    budget)."""
+
+    name: str  # "gpu" or "cpu"
+    device: str  # what the first line and the JSON say
+    max_minutes: float
+    main_flags: tuple[str, ...]
+    sizes: tuple[str, ...]  # the benchmark's; the main job's size is added where it is another
+    dtype: str
+    compile: bool
+    benchmark_flags: tuple[str, ...]
+    default_batch: int  # the benchmark's batch where the main job left no plan
+    tests_seconds: int
+    main_extra_seconds: int
+    benchmark_seconds: int  # all sizes together
+
+
+# On a GPU the limits add up to 9 minutes 50 seconds: tests 110, main job 300 + 30, benchmark 150.
+GPU_MODE = CheckMode(
+    name="gpu",
+    device="cuda",
+    max_minutes=5,
+    main_flags=(),
+    sizes=("base", "big"),
+    dtype="bf16",
+    compile=True,
+    benchmark_flags=("--generation_batch", "64", "--repeats", "5", "--warmup", "2", "--memory", "false"),
+    default_batch=4096,
+    tests_seconds=110,
+    main_extra_seconds=30,
+    benchmark_seconds=150,
+)
+CPU_MODE = CheckMode(
+    name="cpu",
+    device=CPU_DEVICE,
+    max_minutes=3,  # 2 left no time to train on a busy 2-core machine (set-up 1 minute)
+    main_flags=(
+        *("--recipe", "cpu", "--preset", "tiny", "--precision", "fp32", "--attn_implementation", "sdpa"),
+        *("--source_check", "warn", "--max_eval_samples", "10"),  # a tiny model in minutes does not read its source
+    ),
+    sizes=("toy",),
+    dtype="fp32",
+    compile=False,
+    benchmark_flags=(
+        *("--generation_batch", "4", "--new_tokens", "8", "--repeats", "3", "--warmup", "1", "--memory", "false"),
+    ),
+    default_batch=1024,
+    tests_seconds=120,
+    main_extra_seconds=60,
+    benchmark_seconds=180,
+)
+
+
+def check_mode(mode: str = "auto") -> CheckMode:
+    """The mode asked ("gpu", "cpu") or, with "auto", the one of this machine."""
+    if mode not in ("auto", "gpu", "cpu"):
+        raise ValueError(f"mode={mode!r} is invalid; expected one of auto, gpu, cpu.")
+    if mode == "gpu" and not torch.cuda.is_available():
+        raise ValueError("mode='gpu' but PyTorch sees no CUDA device here; run with --mode cpu (or auto).")
+    gpu = mode == "gpu" or (mode == "auto" and torch.cuda.is_available())
+    return GPU_MODE if gpu else CPU_MODE
+
+
+def repository_root() -> Path | None:
+    """The clone this package runs from (its tests/ and fixtures), else the current folder if it is one, else None
+    (an installed wheel)."""
+    for root in (Path(__file__).resolve().parents[2], Path.cwd()):
+        if (root / "tests" / "conftest.py").is_file():
+            return root
+    return None
+
+
+def corpus_flags(mode: CheckMode, corpus: str, root: Path | None) -> tuple[list[str], str]:
+    """The main job's data flags and what they are in words: the help corpus (the main job's default) on a GPU,
+    the fixture pairs of the clone on a CPU ("auto"), or as asked."""
+    if corpus not in ("auto", "help", "fixtures"):
+        raise ValueError(f"corpus={corpus!r} is invalid; expected one of auto, help, fixtures.")
+    folder = root / "tests" / "fixtures" if root else None
+    present = folder is not None and all((folder / name).is_file() for name in FIXTURES)
+    if corpus == "fixtures" and not present:
+        raise ValueError(f"corpus='fixtures' but {folder or 'no clone'} holds no {FIXTURES[0]}; run from a clone.")
+    if corpus == "help" or (corpus == "auto" and (mode.name == "gpu" or not present)):
+        return [], "the LibreOffice help EN-DE (the main job's corpus)"
+    train, held_out = (str(folder / name) for name in FIXTURES)
+    flags = ["--data_files", train, "--validation_files", held_out, "--test_files", held_out]
+    return flags, f"the fixture pairs of tests/fixtures ({FIXTURES[0]}; {FIXTURES[1]} for validation and test)"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A step: a subprocess in a session of its own, under a time limit
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def run_step(command: list[str], log: Path, seconds: float, env: dict, cwd: Path | None = None) -> dict:
+    """Run `command` with its output in `log`; past `seconds` its whole process group is stopped. Returns its
+    status ("ok", "failed (exit status N)", "timed out after N s"), exit status, seconds, limit and log."""
+    started = time.monotonic()
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+        )
+        try:
+            returncode, timed_out = process.wait(timeout=max(1.0, seconds)), False
+        except subprocess.TimeoutExpired:
+            stop_group(process)
+            returncode, timed_out = None, True
+        except BaseException:
+            stop_group(process)
+            raise
+    status = f"timed out after {seconds:.0f} s" if timed_out else "ok"
+    status = f"failed (exit status {returncode})" if returncode not in (0, None) else status
+    return {
+        "status": status,
+        "returncode": returncode,
+        "timed_out": timed_out,
+        "seconds": time.monotonic() - started,
+        "limit_seconds": seconds,
+        "command": shlex.join(command),
+        "log": str(log),
+    }
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM to the step's process group, then SIGKILL to what is left of it (workers, compile processes)."""
+    for sent, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, sent)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def log_tail(path: str, lines: int = 8) -> str:
+    text = Path(path).read_text(errors="replace").splitlines() if Path(path).exists() else []
+    return "\n".join(f"    {line[-200:]}" for line in text[-lines:])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The three steps
+# ---------------------------------------------------------------------------------------------------------------------
+
+TEST_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+SKIP_LINE = re.compile(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$")
+
+
+def count_tests(text: str) -> dict:
+    """Passed, failed, errors and skipped of a `pytest -v -rs` output (as far as it got), the skips' reasons and
+    the tests that failed."""
+    outcomes: dict[str, str] = {}
+    for line in text.splitlines():
+        found = TEST_LINE.match(line)
+        if found:  # a test's setup, call and teardown can each report: the worst one counts
+            outcomes[found[1]] = found[2] if outcomes.get(found[1]) not in ("FAILED", "ERROR") else outcomes[found[1]]
+    values = list(outcomes.values())
+    reasons = sorted({found[1] for line in text.splitlines() if (found := SKIP_LINE.match(line))})
+    return {
+        "passed": values.count("PASSED") + values.count("XFAIL"),
+        "failed": values.count("FAILED") + values.count("XPASS"),
+        "errors": values.count("ERROR"),
+        "skipped": values.count("SKIPPED"),
+        "skip_reasons": reasons,
+        "failed_tests": [name for name, outcome in outcomes.items() if outcome in ("FAILED", "ERROR", "XPASS")],
+    }
+
+
+def gpu_tests_step(mode: CheckMode, root: Path | None, folder: Path, env: dict) -> dict:
+    if root is None:
+        return {"status": "not run: no tests/ folder here (the gpu tests run from a clone)"}
+    command = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-v", "-rs", "-p", "no:cacheprovider"]
+    step = run_step(command, folder / "gpu_tests.log", mode.tests_seconds, env, cwd=root)
+    if step["returncode"] == 5:  # pytest: nothing collected (no test is marked gpu)
+        step["status"] = "ok"
+    return {**step, **count_tests(Path(step["log"]).read_text(errors="replace"))}
+
+
+def main_job_step(
+    mode: CheckMode, data: list[str], max_minutes: float, folder: Path, env: dict
+) -> tuple[dict, dict | None]:
+    """The main job into `folder`/main-job; returns the step and its results.json (None where it wrote none)."""
+    output = folder / "main-job"
+    if output.exists() and any(output.iterdir()):
+        raise ValueError(f"{output} is not empty: the main job would resume it; give another --output_dir.")
+    command = [
+        *(sys.executable, "-m", "hf_vanilla_transformer", "main", "--max_minutes", f"{max_minutes:g}"),
+        *("--output_dir", str(output), "--disable_tqdm", "true", *data, *mode.main_flags),
+    ]
+    step = run_step(command, folder / "main_job.log", max_minutes * 60 + mode.main_extra_seconds, env)
+    path = output / "results.json"
+    results = json.loads(path.read_text()) if path.exists() else None
+    return {**step, "output_dir": str(output), "results_json": str(path) if results else None}, results
+
+
+def benchmark_step(mode: CheckMode, results: dict | None, folder: Path, env: dict) -> tuple[dict, dict, dict]:
+    """The benchmark, one process per size, at the main job's batch, vocabulary and dropout (else the mode's
+    defaults); the sizes share the mode's time limit in turn. Returns the step, each measured size's JSON and
+    why each other size has none."""
+    plan, model = (results["plan"], results["model"]) if results else ({}, {})
+    sizes = list(mode.sizes)
+    trained = benchmark_size(plan.get("preset"))
+    sizes += [trained] if trained and trained not in sizes else []
+    settings = {
+        "device": "cuda" if mode.name == "gpu" else "cpu",
+        "dtype": mode.dtype,
+        "attn": "sdpa",
+        "batch_tokens": plan.get("max_tokens") or mode.default_batch,
+        "vocab_size": model.get("vocab_size") or 8000,
+        "dropout": model.get("dropout", 0.1),
+        "compile": str(mode.compile).lower(),
+    }
+    flags = [f"--{name}={value}" for name, value in settings.items()]
+    deadline = time.monotonic() + mode.benchmark_seconds
+    steps, measured, missing = {}, {}, {}
+    for size in sizes:
+        left = deadline - time.monotonic()
+        if left < 5:
+            missing[size] = f"not run: the benchmark's {mode.benchmark_seconds} s were spent"
+            continue
+        json_path = folder / f"benchmark_{size}.json"
+        command = [sys.executable, "-m", "hf_vanilla_transformer", "benchmark", "--sizes", size, *flags]
+        command += [*mode.benchmark_flags, "--json", str(json_path)]
+        steps[size] = run_step(command, folder / f"benchmark_{size}.log", left, env)
+        if steps[size]["status"] != "ok":
+            missing[size] = f"the benchmark {steps[size]['status']}"
+        elif not json_path.exists():
+            missing[size] = f"the benchmark wrote no {json_path.name}"
+        else:
+            measured[size] = json.loads(json_path.read_text())
+    failed = [size for size in steps if steps[size]["status"] != "ok"]
+    status = f"failed for {', '.join(failed)}" if failed else "ok"
+    return {"status": status, "settings": settings, "sizes": steps, "not_run": missing}, measured, missing
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The check
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    mode: str = "auto"
+    corpus: str = "auto"
+    output: str = "gpu_check.json"
+    output_dir: str | None = None  # default: a new folder in the system's temporary folder
+    max_minutes: float | None = None  # the main job's budget (default: the mode's)
+
+
+def step_environment(mode: CheckMode) -> dict:
+    """The steps' environment: unbuffered output, nothing from the Hub; in the CPU mode no CUDA device either."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("MPLBACKEND", "Agg")
+    if mode.name == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def say_step(number: int, what: str, step: dict, summary: str = "") -> None:
+    took = f" in {step['seconds']:.0f} s" if "seconds" in step else ""
+    print(f"[{number}/3] {what}: {step['status']}{took}{'; ' + summary if summary else ''}", flush=True)
+    if step["status"] != "ok" and "log" in step:
+        print(f"  the end of {step['log']}:\n{log_tail(step['log'])}", flush=True)
+
+
+def run_gpu_check(options: CheckOptions) -> dict:
+    """Run the three steps, print the table, write the JSON; returns what the JSON holds."""
+    started = time.monotonic()
+    mode = check_mode(options.mode)
+    if options.max_minutes is not None and options.max_minutes <= 0:
+        raise ValueError(f"max_minutes={options.max_minutes} is invalid; expected a number of minutes above 0.")
+    mode = replace(mode, max_minutes=options.max_minutes or mode.max_minutes)
+    root = repository_root()
+    data, corpus = corpus_flags(mode, options.corpus, root)
+    folder = Path(options.output_dir or tempfile.mkdtemp(prefix="gpu-check-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    env = step_environment(mode)
+    # The GPU is named at the end: naming it here would hold a CUDA context in this process while the steps run.
+    where = f"{torch.cuda.device_count()} CUDA device(s)" if mode.name == "gpu" else describe_machine("cpu")
+    print(f"GPU check on {mode.device}; {where}", flush=True)
+    print(f"  main job: {mode.max_minutes:g} minutes on {corpus}; logs and the model folder in {folder}", flush=True)
+    tests = gpu_tests_step(mode, root, folder, env)
+    say_step(1, "gpu tests", tests, ", ".join(f"{tests.get(k, 0)} {k}" for k in ("passed", "failed", "skipped")))
+    main, results = main_job_step(mode, data, mode.max_minutes, folder, env)
+    say_step(2, "main job", main, f"results in {main['results_json']}" if results else "no results.json")
+    benchmark, measured, missing = benchmark_step(mode, results, folder, env)
+    say_step(3, "benchmark", benchmark, f"sizes {', '.join(measured) or 'none'} measured")
+    why = f"the main job {main['status']} and left no results.json"
+    rows = check_rows(CheckOutputs(tests, results, why, measured, missing))
+    report = {
+        "device": mode.device,
+        "mode": mode.name,
+        "machine": describe_machine("cuda" if mode.name == "gpu" else "cpu"),
+        "corpus": corpus,
+        "folder": str(folder),
+        "steps": {"gpu_tests": tests, "main_job": main, "benchmark": benchmark},
+        "rows": [asdict(row) for row in rows],
+        "seconds": time.monotonic() - started,
+    }
+    heading = f"GPU check on {mode.device}, {report['machine']}, {report['seconds'] / 60:.1f} minutes"
+    print(f"\n{heading}:\n\n{render_table(rows)}", flush=True)
+    Path(options.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(options.output).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwritten to {options.output}", flush=True)
+    return report
+
+
+def exit_status(report: dict) -> int:
+    """1 where a step failed or timed out, or (on a GPU) a row fails its goal; else 0. The CPU mode's rows are not
+    goals: its figures mean nothing."""
+    steps = report["steps"]
+    failed = [name for name, step in steps.items() if step["status"].startswith(("failed", "timed out"))]
+    failing_rows = report["mode"] == "gpu" and any(row["mark"] == "fail" for row in report["rows"])
+    return 1 if failed or failing_rows else 0

@@ -1,0 +1,247 @@
+"""The GPU check's table: each row computed from what the check's steps wrote (the gpu tests' report, the main job's
+`results.json`, the speed benchmark's JSON per size), with its goal from issue 39 and a mark: pass, fail, or n/a
+(no figure to judge, or a row with no goal of its own). Pure functions of those outputs; `gpu_check.py` runs the
+steps.
+
+The goals (docs/gpu.md, "The GPU check"):
+
+* the main job trains in bf16, with base or big;
+* the plan's seconds per update within 10% of the Trainer's measured ones;
+* the main job's training tokens/s at least 80% of the benchmark's training step of the same model, batch and dtype;
+* compiled greedy and beam-4 decoding at least 2x MarianMTModel eager; compiled training at least 1.3x;
+* the source check's last gain at least its own threshold (0.1 nats per token);
+* test BLEU at least 42 in the 26-minute main job: a shorter run's BLEU is said beside that goal, not judged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..model.configuration_vanilla_transformer import PRESETS
+from .config import SIZES
+
+
+PASS, FAIL, NOT_JUDGED = "pass", "fail", "n/a"
+
+CHOSEN_PRECISION = "bf16"
+CHOSEN_PRESETS = ("base", "big")
+PLAN_TOLERANCE = 0.10  # |planned / measured - 1|
+TRAINER_SHARE = 0.80  # the main job's training tokens/s over the benchmark's step
+DECODING_OVER_MARIAN = 2.0  # compiled greedy and beam-4 over MarianMTModel eager
+TRAINING_OVER_MARIAN = 1.3  # compiled training over MarianMTModel eager
+BLEU_GOAL, BLEU_GOAL_MINUTES = 42.0, 26.0
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: what is checked, what it reads, its goal, its mark, and the figures it was computed
+    from (for the JSON)."""
+
+    check: str
+    reads: str
+    goal: str
+    mark: str
+    figures: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CheckOutputs:
+    """What the steps left: the gpu tests' counts; the main job's results.json (None: `results_missing` says why);
+    the benchmark's JSON per size measured (a size not measured: `benchmark_missing` says why)."""
+
+    tests: dict
+    results: dict | None
+    results_missing: str = ""
+    benchmarks: dict[str, dict] = field(default_factory=dict)
+    benchmark_missing: dict[str, str] = field(default_factory=dict)
+
+
+def benchmark_size(preset: str | None) -> str | None:
+    """The benchmark's size with the architecture of the package's `preset` (the benchmark's "toy" is the "tiny"
+    preset; its "tiny" is another model), or None."""
+    if preset not in PRESETS:
+        return None
+    shape = _architecture(PRESETS[preset])
+    return next((size for size, spec in SIZES.items() if _architecture(spec) == shape), None)
+
+
+def _architecture(spec: dict) -> dict:
+    return {key: value for key, value in spec.items() if key not in ("dropout", "vocab_size")}
+
+
+def judged(ok: bool) -> str:
+    return PASS if ok else FAIL
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The rows
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def gpu_tests_row(tests: dict) -> Row:
+    """The `gpu` tests: fail where one failed, errored or the run timed out; pass where some passed; else n/a (all
+    skipped, as on a CPU, or not run)."""
+    goal = "all pass on a GPU"
+    if tests.get("status", "").startswith("not run"):
+        return Row("gpu tests (pytest -m gpu)", tests["status"], goal, NOT_JUDGED)
+    counts = {key: tests.get(key, 0) for key in ("passed", "failed", "errors", "skipped")}
+    reads = ", ".join(f"{value} {key}" for key, value in counts.items())
+    reasons = "; ".join(tests.get("skip_reasons", []))
+    reads += f" (skipped: {reasons})" if reasons and counts["skipped"] else ""
+    if tests.get("timed_out"):
+        reads = f"timed out after {tests['limit_seconds']:g} s: {reads} by then"
+    if counts["failed"] or counts["errors"] or tests.get("timed_out"):
+        mark = FAIL
+    else:
+        mark = PASS if counts["passed"] else NOT_JUDGED
+    return Row("gpu tests (pytest -m gpu)", reads, goal, mark, counts)
+
+
+def choice_row(results: dict | None, missing: str) -> Row:
+    goal = f"{CHOSEN_PRECISION}, {' or '.join(CHOSEN_PRESETS)}"
+    if results is None:
+        return Row("main job: size, precision, attention, batch", f"n/a: {missing}", goal, NOT_JUDGED)
+    plan = results["plan"]
+    figures = {key: plan.get(key) for key in ("preset", "precision", "attn_implementation", "max_tokens")}
+    figures["gradient_accumulation_steps"] = plan.get("gradient_accumulation_steps") or 1
+    reads = (
+        f"{figures['preset']}, {figures['precision']}, {figures['attn_implementation']}, "
+        f"{figures['max_tokens']:,} tokens x {figures['gradient_accumulation_steps']} per update"
+    )
+    ok = figures["precision"] == CHOSEN_PRECISION and figures["preset"] in CHOSEN_PRESETS
+    return Row("main job: size, precision, attention, batch", reads, goal, judged(ok), figures)
+
+
+def update_time_row(results: dict | None, missing: str) -> Row:
+    """The plan's seconds per update (new shapes paid) against the Trainer's measured ones."""
+    check, goal = "seconds per update: planned / measured", f"within {PLAN_TOLERANCE:.0%}"
+    if results is None:
+        return Row(check, f"n/a: {missing}", goal, NOT_JUDGED)
+    plan = results["plan"]
+    planned = plan.get("predicted_seconds_per_update") or plan.get("seconds_per_update")
+    measured = plan.get("measured_seconds_per_update")
+    if not planned or not measured:
+        return Row(check, f"n/a: results.json has planned {planned} and measured {measured}", goal, NOT_JUDGED)
+    ratio = planned / measured
+    figures = {"planned": planned, "measured": measured, "ratio": ratio}
+    reads = f"{planned:.4f} / {measured:.4f} s = {ratio:.2f}"
+    return Row(check, reads, goal, judged(abs(ratio - 1) <= PLAN_TOLERANCE), figures)
+
+
+def training_speed_row(outputs: CheckOutputs) -> Row:
+    """The main job's training target tokens/s against the benchmark's train_labels step of the same size, batch
+    and dtype (its compiled step where the main job compiled its own)."""
+    check, goal = "training tokens/s: main job / benchmark", f">= {TRAINER_SHARE:.2f}"
+    results = outputs.results
+    if results is None:
+        return Row(check, f"n/a: {outputs.results_missing}", goal, NOT_JUDGED)
+    plan, trained = results["plan"], results["training"].get("target_tokens_per_second")
+    size = benchmark_size(plan.get("preset"))
+    benchmark = outputs.benchmarks.get(size)
+    if benchmark is None:
+        why = outputs.benchmark_missing.get(size, f"the benchmark measured {', '.join(outputs.benchmarks) or 'none'}")
+        return Row(check, f"n/a: no benchmark of {plan.get('preset')} ({why})", goal, NOT_JUDGED)
+    differs = _differences(results, benchmark["options"])
+    if differs or not trained:
+        why = f"the benchmark's {differs}" if differs else "results.json has no training tokens/s"
+        return Row(check, f"n/a: {why}", goal, NOT_JUDGED)
+    variant = "ours_compiled" if plan.get("torch_compile") else "ours"
+    step = benchmark["sizes"][size]["cases"]["train_labels"].get(variant)
+    if step is None:
+        return Row(check, f"n/a: the benchmark has no {variant} training step", goal, NOT_JUDGED)
+    ratio = trained / step["tokens_per_second"]
+    figures = {"main_job": trained, "benchmark": step["tokens_per_second"], "variant": variant, "ratio": ratio}
+    reads = f"{trained:,.0f} / {step['tokens_per_second']:,.0f} ({size}, {variant}) = {ratio:.2f}"
+    return Row(check, reads, goal, judged(ratio >= TRAINER_SHARE), figures)
+
+
+def _differences(results: dict, options: dict) -> str:
+    """What makes the benchmark's step another one than the main job's: its dtype, batch or vocabulary."""
+    pairs = {
+        "dtype": (options["dtype"], results["plan"].get("precision")),
+        "batch_tokens": (options["batch_tokens"], results["plan"].get("max_tokens")),
+        "vocab_size": (options["vocab_size"], results["model"].get("vocab_size")),
+    }
+    return ", ".join(
+        f"{name} {ours} against the main job's {theirs}" for name, (ours, theirs) in pairs.items() if ours != theirs
+    )
+
+
+def marian_rows(size: str, benchmark: dict) -> list[Row]:
+    """Training, greedy and beam-4 of `size` against MarianMTModel eager: the compiled ratio judged, eager said."""
+    figures = benchmark["sizes"][size]
+    rows = []
+    for case, what, goal in (
+        ("train_labels", "training", TRAINING_OVER_MARIAN),
+        ("greedy", "greedy decoding", DECODING_OVER_MARIAN),
+        ("beam4", "beam-4 decoding", DECODING_OVER_MARIAN),
+    ):
+        variants, ratios = figures["cases"][case], figures["ratios"][case]
+        marian = variants["marian"]["tokens_per_second"]
+        said = [
+            f"{label} {variants[name]['tokens_per_second']:,.0f} tok/s = {ratios[name]:.2f}x"
+            for name, label in (("ours_compiled", "compiled"), ("ours", "eager"))
+            if name in ratios
+        ]
+        reads = f"{', '.join(said)}; Marian eager {marian:,.0f}"
+        compiled = ratios.get("ours_compiled")
+        if compiled is None:
+            reads += " (compiled not measured)"
+        row_figures = {"compiled": compiled, "eager": ratios.get("ours"), "marian_tokens_per_second": marian}
+        mark = NOT_JUDGED if compiled is None else judged(compiled >= goal)
+        rows.append(Row(f"{size} {what} / Marian eager", reads, f"compiled >= {goal:g}x", mark, row_figures))
+    return rows
+
+
+def source_gain_row(results: dict | None, missing: str) -> Row:
+    """The source check's last gain (validation loss with shuffled sources minus with the real ones), against the
+    check's own threshold as results.json records it."""
+    check = "source gain (nats per token)"
+    if results is None:
+        return Row(check, f"n/a: {missing}", "at least the source check's threshold", NOT_JUDGED)
+    record = results.get("source_check") or {}
+    history, threshold = record.get("history") or [], record.get("gain_at_least")
+    goal = f">= {threshold:g} at the last validation" if threshold is not None else "at least the check's threshold"
+    if not history or threshold is None:
+        return Row(check, "n/a: the run recorded no source check", goal, NOT_JUDGED)
+    gains = [entry["source_gain"] for entry in history]
+    last = history[-1]
+    reads = (
+        f"{gains[-1]:.3f} at update {last['step']:,} ({len(gains)} validations: {', '.join(f'{g:.3f}' for g in gains)})"
+    )
+    figures = {"gains": gains, "last": gains[-1], "threshold": threshold}
+    return Row(check, reads, goal, judged(gains[-1] >= threshold), figures)
+
+
+def bleu_row(results: dict | None, missing: str) -> Row:
+    """Test BLEU: judged against the goal in a run of the goal's length or more, else said beside it."""
+    goal = f">= {BLEU_GOAL:g} in the {BLEU_GOAL_MINUTES:g}-minute main job"
+    if results is None:
+        return Row("test BLEU", f"n/a: {missing}", goal, NOT_JUDGED)
+    bleu, minutes = results["test"]["bleu"], results["plan"].get("max_minutes")
+    figures = {"bleu": bleu, "max_minutes": minutes}
+    if minutes is None or minutes < BLEU_GOAL_MINUTES:
+        length = f"a {minutes:g}-minute run" if minutes else "a run of a given length"
+        return Row("test BLEU", f"{bleu:.2f} after {length} (not judged)", goal, NOT_JUDGED, figures)
+    return Row("test BLEU", f"{bleu:.2f} after a {minutes:g}-minute run", goal, judged(bleu >= BLEU_GOAL), figures)
+
+
+def check_rows(outputs: CheckOutputs) -> list[Row]:
+    """The table, top to bottom."""
+    results, missing = outputs.results, outputs.results_missing
+    rows = [gpu_tests_row(outputs.tests), choice_row(results, missing), update_time_row(results, missing)]
+    rows.append(training_speed_row(outputs))
+    for size, benchmark in outputs.benchmarks.items():
+        rows += marian_rows(size, benchmark)
+    for size, why in outputs.benchmark_missing.items():
+        rows.append(
+            Row(f"{size} against Marian eager", f"n/a: {why}", "compiled >= 2x decoding, 1.3x training", NOT_JUDGED)
+        )
+    return [*rows, source_gain_row(results, missing), bleu_row(results, missing)]
+
+
+def render_table(rows: list[Row]) -> str:
+    """The rows as a Markdown table."""
+    lines = ["| check | reads | goal | mark |", "|---|---|---|---|"]
+    lines += [f"| {row.check} | {row.reads} | {row.goal} | {row.mark} |" for row in rows]
+    return "\n".join(lines)
