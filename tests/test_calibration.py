@@ -233,3 +233,24 @@ def test_a_replan_counts_the_new_shapes_met_and_charges_only_those_still_to_come
     assert refit(plan, rules, 50, 0.1, usable, 0.0, 0.0).max_steps == 50 + 920
     no_shapes = BudgetRules(EventRule(save_steps=100), False, first_check=50)
     assert refit(plan, no_shapes, 50, 0.1, usable, 0.0, 0.0).max_steps == 50 + 970
+
+
+def test_the_trainers_own_work_is_the_median_of_paired_differences_on_a_cpu_and_a_windows_on_a_gpu():
+    """On a CPU the Trainer's update and the calibration's on the same batches are timed in turns: a load that
+    slows both (the third pair) moves neither figure much; the median of the differences is the Trainer's own work."""
+    from hf_vanilla_transformer.training.budget.trainer_speed import TrainerTrial, _Pairs, _Window
+
+    pairs = _Pairs(copy_=None, collated=[], accumulation=1, warm=0)
+    pairs.pairs = [(0.25, 0.20), (0.25, 0.20), (0.75, 0.62), (0.24, 0.20)]
+    trial = pairs.trial()
+    assert trial.difference == pytest.approx(0.05) and trial.overhead == pytest.approx(0.05)
+    assert trial.trainer_seconds == pytest.approx(0.3725) and trial.calibrated_seconds == pytest.approx(0.305)
+    # On a GPU: 12 updates over a 2.4 s window against the calibration's 0.15 s: 0.05 s of the Trainer's own.
+    window = _Window(6, 18, synchronize=lambda: None, calibrated=0.15)
+    window.seconds = 2.4
+    assert window.trial().overhead == pytest.approx(0.05)
+    # A Trainer faster than the calibration (a copy timed in a worse moment) counts, down to half the update.
+    assert TrainerTrial(0.1, 0.2, -0.1).overhead == pytest.approx(-0.1)
+    assert TrainerTrial(0.01, 0.2, -0.19).overhead == pytest.approx(-0.1)
+    with pytest.raises(RuntimeError, match="ended before its last update"):
+        _Pairs(None, [], 1, 0).trial()

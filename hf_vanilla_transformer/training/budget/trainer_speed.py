@@ -2,11 +2,17 @@
 
 The calibration times an update (forward, backward, the optimizer's step) on a copy of the model; the Trainer does
 more each update: it fetches and collates the batch, counts its tokens, steps the §5.3 scheduler, runs its callbacks
-and logs. Rather than a constant factor, the plan measures it on this machine: the chosen candidate's update is
-timed again on a few of the run's real batches (the calibration's way), then the real `TransformerTrainer`, built
-as the run's own (same arguments, precision, accumulation, data loading), trains a copy of the model on those same
-batches for a few rounds; its steady seconds per update less the calibration's is the Trainer's own work
-(`TrainerTrial.overhead`), added to every calibrated choice's update.
+and logs. Rather than a constant factor, the plan measures it on this machine: the real `TransformerTrainer`, built
+as the run's own (same arguments, precision, accumulation, data loading), trains a copy of the model on a few of the
+run's real batches for a few rounds, and its seconds per update (after the first round, which meets the shapes) less
+the calibration's on the same batches is the Trainer's own work (`TrainerTrial.overhead`), added to every calibrated
+choice's update:
+
+* on a CPU, in pairs: after each of the Trainer's updates, the calibration's update of its own copy of the model on
+  the same batches, so that a change of the machine's load falls on both alike (the median of the differences);
+* on a GPU, where the Trainer queues its kernels without waiting (a wait per update would add what the queue hides),
+  the Trainer's updates over a window with the device synchronised at its two ends, against the calibration's of the
+  same batches measured before.
 
 The trial leaves the model, the global random state and the output folder as they were.
 """
@@ -17,6 +23,7 @@ import contextlib
 import copy
 import gc
 import random
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,7 +34,7 @@ import torch
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 from ..trainer import TransformerTrainer
-from .calibration import Candidate, measure_updates
+from .calibration import Candidate, _Copy, measure_updates
 from .device import synchronizer
 
 
@@ -37,17 +44,18 @@ TRIAL_ROUNDS = 3  # passes of the Trainer over them: the first meets them in the
 
 @dataclass(frozen=True)
 class TrainerTrial:
-    """The Trainer's steady seconds per update on the trial's batches beside the calibration's on the same
-    batches; `overhead` is the difference (never below 0)."""
+    """The Trainer's seconds per update on the trial's batches beside the calibration's on the same batches, and
+    the difference the module docstring says (`difference`: in pairs, their median)."""
 
     trainer_seconds: float
     calibrated_seconds: float
+    difference: float
 
     @property
     def overhead(self) -> float:
-        """The Trainer's seconds beyond the calibration's (below 0 where the Trainer is the faster: a copy the
-        calibration timed in a worse moment), never less than half the calibration's."""
-        return max(-0.5 * self.calibrated_seconds, self.trainer_seconds - self.calibrated_seconds)
+        """The Trainer's own seconds per update (below 0 where the Trainer is the faster), never less than half the
+        calibration's."""
+        return max(-0.5 * self.calibrated_seconds, self.difference)
 
 
 class _FixedBatches:
@@ -69,22 +77,60 @@ class _FixedBatches:
         pass
 
 
-class _Stopwatch(TrainerCallback):
-    """The seconds from the end of update `first` to the end of update `last` (the device synchronised at both)."""
+class _Window(TrainerCallback):
+    """The seconds from the end of update `first` to the end of update `last` (the device synchronised at both),
+    against the calibration's `calibrated` seconds per update."""
 
-    def __init__(self, first: int, last: int, synchronize: Callable[[], None], clock: Callable[[], float]):
-        self.first, self.last, self.synchronize, self.clock = first, last, synchronize, clock
+    def __init__(self, first: int, last: int, synchronize: Callable[[], None], calibrated: float):
+        self.first, self.last, self.synchronize, self.calibrated = first, last, synchronize, calibrated
         self.began = self.seconds = None
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step in (self.first, self.last):
             self.synchronize()
-            now = self.clock()
+            now = time.perf_counter()
             if state.global_step == self.first:
                 self.began = now
             else:
                 self.seconds = now - self.began
         return control
+
+    def trial(self) -> TrainerTrial:
+        if self.seconds is None:
+            raise RuntimeError("the Trainer's trial ended before its last update")
+        trainer = self.seconds / (self.last - self.first)
+        return TrainerTrial(trainer, self.calibrated, trainer - self.calibrated)
+
+
+class _Pairs(TrainerCallback):
+    """After each of the Trainer's updates, the calibration's update of `copy_` on the same batches (`collated`, in
+    the Trainer's order, `accumulation` an update), each timed; the first `warm` updates are not counted."""
+
+    def __init__(self, copy_, collated: list[dict], accumulation: int, warm: int):
+        self.copy, self.collated, self.accumulation, self.warm = copy_, collated, accumulation, warm
+        self.pairs: list[tuple[float, float]] = []
+        self.mark = time.perf_counter()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.mark = time.perf_counter()
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        trainer = time.perf_counter() - self.mark
+        first = (state.global_step - 1) * self.accumulation
+        began = time.perf_counter()
+        for index in range(first, first + self.accumulation):
+            self.copy.update(self.collated[index % len(self.collated)])
+        if state.global_step > self.warm:
+            self.pairs.append((trainer, time.perf_counter() - began))
+        self.mark = time.perf_counter()
+        return control
+
+    def trial(self) -> TrainerTrial:
+        if not self.pairs:
+            raise RuntimeError("the Trainer's trial ended before its last update")
+        trainer, calibrated = (statistics.fmean(side) for side in zip(*self.pairs, strict=True))
+        return TrainerTrial(trainer, calibrated, statistics.median(t - c for t, c in self.pairs))
 
 
 def trainer_trial(
@@ -95,20 +141,20 @@ def trainer_trial(
     arguments `args` and the calibration's `optimizer` factory. A ValueError or RuntimeError of the trial (out of
     memory) is the caller's to handle."""
     device, (precision, attention, compiled) = torch.device(args.device), candidate
-    # 1. The calibration's update on these batches (which meets their shapes first).
-    collator = data.collator(model.config, device)
-    collated = [{k: v.to(device) for k, v in batch.items()} for batch in data.collate(batches, collator)]
-    mode = getattr(args, "torch_compile_mode", None)
-    calibrated = next(
-        iter(measure_updates(model, collated, [candidate], optimizer, device, compile_mode=mode).values())
-    )
-    if calibrated.failure:
-        raise RuntimeError(calibrated.failure)
-    # 2. The Trainer, as the run builds it, on a copy of the model over the same batches: its updates after the
-    #    first round, the device synchronised at both ends.
-    updates = len(batches) // accumulation
+    updates, mode = len(batches) // accumulation, getattr(args, "torch_compile_mode", None)
     if updates < 1:
         raise RuntimeError(f"{len(batches)} batches of a distinct shape make no update of {accumulation}")
+    collator = data.collator(model.config, device)
+    collated = [{k: v.to(device) for k, v in batch.items()} for batch in data.collate(batches, collator)]
+    if device.type == "cuda":
+        timing = next(
+            iter(measure_updates(model, collated, [candidate], optimizer, device, compile_mode=mode).values())
+        )
+        if timing.failure:
+            raise RuntimeError(timing.failure)
+        watch = _Window(updates, updates * TRIAL_ROUNDS, synchronizer(device), timing.steady * accumulation)
+    else:
+        watch = _Pairs(_Copy(model, candidate, device, optimizer, mode), collated, accumulation, warm=updates)
     trial = copy.deepcopy(model).train()
     if attention:
         trial.set_attn_implementation(attention)
@@ -122,7 +168,6 @@ def trainer_trial(
         accumulation=accumulation,
         learning_rate=1e-6,
     )
-    stopwatch = _Stopwatch(updates, updates * TRIAL_ROUNDS, synchronizer(device), time.perf_counter)
     with _random_state_kept(), tempfile.TemporaryDirectory() as folder:
         trial_args.output_dir, trial_args.report_to = folder, []
         trial_args.save_strategy = trial_args.eval_strategy = "no"
@@ -132,7 +177,7 @@ def trainer_trial(
             train_dataset=data.train,
             data_collator=collator,
             batch_sampler=_FixedBatches(batches, TRIAL_ROUNDS),
-            callbacks=[stopwatch],
+            callbacks=[watch],
         )
         trainer.pop_callback(PrinterCallback)
         trainer.pop_callback(ProgressCallback)
@@ -144,9 +189,7 @@ def trainer_trial(
             gc.collect()
             if compiled:
                 torch._dynamo.reset()  # the trial's graphs go: the Trainer's compile starts afresh
-    if stopwatch.seconds is None:
-        raise RuntimeError("the Trainer's trial ended before its last update")
-    return TrainerTrial(stopwatch.seconds / (updates * (TRIAL_ROUNDS - 1)), calibrated.steady * accumulation)
+    return watch.trial()
 
 
 @contextlib.contextmanager
