@@ -165,7 +165,7 @@ def test_20000_pairs_give_the_pinned_batches(max_tokens, max_sentences, epoch, c
     assert round(sampler.tokens_per_batch(), 4) == padded
 
 
-def test_the_calibration_sample_spans_the_batch_sizes_with_shapes_of_its_own():
+def test_the_calibration_sample_stands_for_the_batches_served_with_shapes_of_its_own():
     source, target = lengths(3000, seed=3)
     sampler = TokenBudgetBatchSampler(source, target, max_tokens=600, seed=4)
     served = list(sampler)  # epoch 0
@@ -176,10 +176,12 @@ def test_the_calibration_sample_spans_the_batch_sizes_with_shapes_of_its_own():
     distinct = {shape(batch) for batch in served}
     everything = sampler.shape_sample(10**6)  # fewer shapes than asked: one batch of each
     assert len(everything) == len(distinct) == 171 and all(batch in served for batch in everything)
-    assert sampler.shape_sample(1) == [min(served, key=len)]
+    # One batch stands for the epoch's middle: the median of its 177 batches by pairs (13), not the fewest (5).
+    assert [len(batch) for batch in sampler.shape_sample(1)] == [13] and sorted(map(len, served))[88] == 13
     taken: set = set()
     first = sampler.shape_sample(5, taken=taken)
-    assert [len(batch) for batch in first] == [5, 11, 13, 20, 75]  # from the fewest pairs to the most
+    # The midpoints of five equal shares of the batches by pairs: the rare extremes (5 and 75 pairs) left out.
+    assert [len(batch) for batch in first] == [10, 11, 13, 17, 30]
     assert (min(map(len, served)), max(map(len, served))) == (5, 75)
     second = sampler.shape_sample(5, taken=taken)  # a second candidate's: none of the first's shapes
     assert len(taken) == 10 and not {shape(b) for b in first} & {shape(b) for b in second}

@@ -275,11 +275,14 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         return len(self.starts)
 
     def shape_sample(self, count: int, multiple: int = 1, taken: set | None = None) -> list[list[int]]:
-        """`count` batches of epoch 0 spread evenly over the batch sizes (ranked by their number of pairs, ties in
-        the order served), each of a padded shape (pairs, longest source, longest target, the lengths rounded up to
-        `multiple`) that no other of them has and that `taken` does not hold; their shapes are added to `taken`.
-        Fewer where the epoch has fewer such shapes. The calibration times each candidate on shapes of its own: a
-        shape one candidate met is warm for the next (cuDNN plans, oneDNN primitives, the allocator's blocks)."""
+        """`count` batches of epoch 0 that stand for the batches a run is served: the epoch's batches ranked by their
+        number of pairs (ties in the order served), taken at the midpoints of `count` equal shares of them (a sample
+        of batches, not of shapes: the rare extremes, a batch of hundreds of one-word pairs, would weigh as much as
+        the common ones, and timed cheaper than the run's updates), each the nearest in the ranking of a padded
+        shape (pairs, longest source, longest target, the lengths rounded up to `multiple`) that no other of them
+        has and that `taken` does not hold; their shapes are added to `taken`. Fewer where the epoch has fewer such
+        shapes. The calibration times each candidate on shapes of its own: a shape one candidate met is warm for the
+        next (cuDNN plans, oneDNN primitives, the allocator's blocks)."""
         taken = set() if taken is None else taken
         rng = np.random.default_rng([self.sampler.seed, 0])
         order = self.sampler.order(rng)
@@ -287,14 +290,15 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         pairs = self.ends - self.starts
         ranked = served[np.argsort(pairs[served], kind="stable")]
         sources, targets = (-(-lengths // multiple) * multiple for lengths in self._longest)
-        shapes = np.stack([pairs, sources, targets], axis=1)[ranked]
-        _, first = np.unique(shapes, axis=0, return_index=True)  # each shape's first batch in the ranking
-        fresh = [(int(ranked[i]), tuple(shapes[i].tolist())) for i in np.sort(first)]
-        fresh = [(batch, shape) for batch, shape in fresh if shape not in taken]
-        if len(fresh) > count:
-            fresh = [fresh[round(i * (len(fresh) - 1) / (count - 1))] for i in range(count)] if count > 1 else fresh[:1]
-        taken.update(shape for _, shape in fresh)
-        return [order[self.starts[batch] : self.ends[batch]].tolist() for batch, _ in fresh]
+        shapes = [tuple(shape) for shape in np.stack([pairs, sources, targets], axis=1)[ranked].tolist()]
+        chosen = []
+        for share in range(count):
+            found = _nearest_free(shapes, int((share + 0.5) * len(shapes) / count), taken)
+            if found is None:
+                break
+            taken.add(shapes[found])
+            chosen.append(int(ranked[found]))
+        return [order[self.starts[batch] : self.ends[batch]].tolist() for batch in chosen]
 
     def shape_counts(self, multiple: int = 1) -> np.ndarray:
         """How many of the epoch's batches have each distinct padded shape (pairs, longest source, longest target),
@@ -318,6 +322,15 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     def tokens_per_batch(self) -> float:
         """Mean padded source + target tokens per batch."""
         return float(self._padded.sum() / len(self.starts))
+
+
+def _nearest_free(shapes: list[tuple], at: int, taken: set) -> int | None:
+    """The index nearest `at` (after it first) whose shape `taken` does not hold, or None."""
+    for distance in range(len(shapes)):
+        for index in (at + distance, at - distance - 1):
+            if 0 <= index < len(shapes) and shapes[index] not in taken:
+                return index
+    return None
 
 
 def batch_starts(

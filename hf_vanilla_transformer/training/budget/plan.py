@@ -39,7 +39,7 @@ class BudgetPlan:
     preset: str | None = None  # the model size trained by a budgeted run (None: the recipe's preset)
     max_minutes: float | None = None  # None: the length was given (--max_steps)
     # The Trainer's seconds of an update of a shape met before, as predicted: the calibration's update
-    # (`calibrated_seconds_per_update`) and the Trainer's own work beyond it, measured (`trainer_overhead_seconds`).
+    # (`calibrated_seconds_per_update`) times what the real Trainer took over it on the run's batches (`trainer_ratio`).
     seconds_per_update: float | None = None
     planned_training_seconds: float | None = None  # updates, validation and checkpoints
     predicted_decode_seconds: float | None = None
@@ -60,7 +60,8 @@ class BudgetPlan:
     predicted_seconds_per_update: float | None = None  # the run's updates, new shapes paid, over their number
     peak_learning_rate: float | None = None  # the §5.3 peak, at the end of warmup
     calibrated_seconds_per_update: float | None = None  # the calibration's update, on a copy of the model
-    trainer_overhead_seconds: float = 0.0  # the Trainer's loop beyond it, per update (trainer_speed.py)
+    trainer_ratio: float = 1.0  # the real Trainer's update over the calibration's (trainer_speed.py)
+    trial: dict | None = None  # the Trainer's trial: its update, the calibration's on the same batches, the difference
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -10,6 +10,7 @@ length measures only what the recipe leaves open. The schedule follows from the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -157,17 +158,17 @@ class Planner:
         self.rules = replace(self.rules, test_steps=steps)
         return batch
 
-    def measure_decoding(self, model, measurement: Measurement) -> None:
+    def measure_decoding(self, model, measurement: Measurement) -> tuple[float, float]:
         """On a GPU, a decoding step's latency for `model` in the measured precision and attention, with the test's
-        beams and greedy (the validation's), into the rules."""
+        beams and greedy (the validation's); (0, 0) on a CPU (its decoding is predicted from the update's time)."""
         if self.decode_batch is None:
-            return
+            return 0.0, 0.0
         precision, attention, beams = measurement.precision, measurement.attention, self.rules.test_beams
         step = measure_decode_step(model, self.decode_batch, beams, precision, attention, self.device)
         greedy = (
-            measure_decode_step(model, self.decode_batch, 1, precision, attention, self.device) if beams > 1 else step
+            step if beams == 1 else measure_decode_step(model, self.decode_batch, 1, precision, attention, self.device)
         )
-        self.rules = replace(self.rules, step_seconds=step, greedy_step_seconds=greedy)
+        return step, greedy
 
     # --- what a choice costs ---------------------------------------------------------------------------------------
 
@@ -187,10 +188,10 @@ class Planner:
         """Seconds per update of a run of `updates` updates, its new shapes paid."""
         return timing.steady + self.first_costs(timing, max_tokens, updates) / max(1, updates)
 
-    def update_timing(self, batch: Timing, max_tokens: int, overhead: float = 0.0) -> Timing:
-        """The timing of an update of batches of `max_tokens` from a batch's: its accumulation, and the Trainer's
-        own work (`overhead` seconds)."""
-        return Timing(batch.steady * self.updates[max_tokens].accumulation + overhead, batch.per_shape, batch.once)
+    def update_timing(self, batch: Timing, max_tokens: int, ratio: float = 1.0) -> Timing:
+        """The timing of an update of batches of `max_tokens` from a batch's: its accumulation, and `ratio`, the
+        real Trainer's seconds over the calibration's (`trainer_ratio`)."""
+        return Timing(batch.steady * self.updates[max_tokens].accumulation * ratio, batch.per_shape, batch.once)
 
     def rank(self, timing: Timing, max_tokens: int) -> float:
         """The calibration's order of candidates: their seconds per update over the updates the budget would give
@@ -228,74 +229,90 @@ class Planner:
 
     def plan(self, model, restart: Switch | None = None) -> BudgetPlan:
         """The plan of the module docstring, `model` of the recipe's first size; `restart` the choice a run starts
-        again with (its time known)."""
+        again with (its time known). The choice is made twice: on the calibration's times, then, once the real
+        Trainer has run the chosen update on the run's batches (`trainer_ratio`), on every time corrected by the
+        ratio it measured (a choice measured later keeps it)."""
         if not self.budgeted:
             return self.given_length_plan(model)
         known = restart.known() if restart is not None else None
-        measured, reasons, fixed, candidates, overhead = {}, [], None, [], None
-        for index, preset in enumerate(self.presets):
-            if index > 0:
-                model = self.build(preset)
-            # 1. Precision, attention, compilation and the time of a batch at each size, ranked by the time per
-            #    update of a run of what fits the budget (new shapes paid); a smaller size keeps the choices measured
-            #    on the first. A run switched to another choice knows its time (the Trainer's) already.
-            measurement = known or self.calibration(model).measure(
-                model, self.sizes, every_size=True, fixed=fixed, rank=self.rank
-            )
-            fixed = measurement.fixed
-            self.measure_decoding(model, measurement)
-            prefix = f"{preset}/" if len(self.presets) > 1 else ""
-            measured.update({prefix + name: seconds for name, seconds in measurement.measured.items()})
-            reasons = reasons or measurement.reasons
-            checkpoint = measure_checkpoint_seconds(model) if self.rules.checkpoints else 0.0
-            # 2. The Trainer's own work per update, measured once, on the size the budget would pick without it.
-            if overhead is None:
-                overhead = 0.0 if known else self.trainer_overhead(model, measurement, checkpoint, reasons)
-            candidates += [self.candidate(preset, size, measurement.per_size[size], overhead) for size in self.sizes]
-            # 3. The number of updates (and the batch size): what fits the budget.
-            fit = self.fit(measurement.per_size, overhead, checkpoint)
-            if fit.enough or index == len(self.presets) - 1:
-                break
-        reasons = [*reasons, self.size_reason(preset, fit)]
-        plan = self.budgeted_plan(model, preset, fit, measurement, reasons, measured, candidates, overhead)
+        self.measured: dict[str, tuple] = {}  # preset -> (model, measurement, checkpoint seconds, decoding steps)
+        chosen = self.choose(model, known, 1.0)
+        ratio, said, trial = 1.0, [], None
+        if known is None:
+            ratio, said, trial = self.trainer_ratio(*chosen)
+            chosen = self.choose(model, known, ratio)
+        preset, fit = chosen
+        first = next(iter(self.measured.values()))[1]
+        plan = self.budgeted_plan(preset, fit, ratio, [*first.reasons, *said, self.size_reason(preset, fit)])
+        plan = replace(plan, trial=dataclasses.asdict(trial) if trial is not None else None)
         return replace(plan, switched_from=restart.switched_from) if restart is not None else plan
 
-    def trainer_overhead(self, model, measurement: Measurement, checkpoint: float, reasons: list[str]) -> float:
-        """The Trainer's own seconds per update beyond the calibration's (`trainer_speed.py`), on the batch size
-        the budget would pick without them; 0 (said in `reasons`) where the trial cannot run, or under several
-        processes: each would time its own choice in a Trainer of collectives it shares with the others (the first
-        check re-plans from the Trainer's own updates there)."""
+    def choose(self, model, known: Measurement | None, ratio: float) -> tuple[str, BudgetFit]:
+        """(size, fit): each model size in turn, largest first (measured the first time: its precision, attention,
+        compilation and the time of a batch at each batch size, ranked by the time per update of a run of what fits
+        the budget, new shapes paid; a smaller size keeps the choices measured on the first; a run switched to
+        another choice knows its time, the Trainer's, already), its times times `ratio`; the first whose fit
+        reaches `min_updates`, else the last."""
+        for index, preset in enumerate(self.presets):
+            if preset not in self.measured:
+                sized = model if index == 0 else self.build(preset)
+                fixed = next(iter(self.measured.values()))[1].fixed if self.measured else None
+                measurement = known or self.calibration(sized).measure(
+                    sized, self.sizes, every_size=True, fixed=fixed, rank=self.rank
+                )
+                checkpoint = measure_checkpoint_seconds(sized) if self.rules.checkpoints else 0.0
+                self.measured[preset] = (sized, measurement, checkpoint, self.measure_decoding(sized, measurement))
+            _, measurement, checkpoint, decoding = self.measured[preset]
+            self.rules = replace(self.rules, step_seconds=decoding[0], greedy_step_seconds=decoding[1])
+            fit = self.fit(measurement.per_size, ratio, checkpoint)
+            if fit.enough or index == len(self.presets) - 1:
+                return preset, fit
+        raise AssertionError("no preset to choose from")
+
+    def trainer_ratio(self, preset: str, fit: BudgetFit) -> tuple[float, list[str], TrainerTrial | None]:
+        """(the real Trainer's seconds per update of the chosen size and batch on the run's batches over the
+        calibration's, the words that say so, the trial) (`trainer_speed.py`); 1 where the trial cannot run, or
+        under several processes: each would time its own choice in a Trainer of collectives it shares with the
+        others (the first check re-plans from the Trainer's own updates there)."""
         if self.world_size > 1:
-            reasons.append("the Trainer's own work per update not measured under several processes")
-            return 0.0
-        size = self.fit(measurement.per_size, 0.0, checkpoint).max_tokens
-        accumulation = self.updates[size].accumulation
-        batches = self.data.sample_batches(size, TRIAL_BATCHES * accumulation, set(), self.multiple)
+            return 1.0, ["the Trainer's update not measured before training under several processes"], None
+        model, measurement, _, _ = self.measured[preset]
+        accumulation = self.updates[fit.max_tokens].accumulation
+        batches = self.data.sample_batches(fit.max_tokens, TRIAL_BATCHES * accumulation, set(), self.multiple)
         try:
             trial = trainer_trial(model, measurement.fixed, batches, self.data, self.args, accumulation, self.optimizer)
         except (RuntimeError, ValueError) as error:
-            reasons.append(f"the Trainer's own work per update not measured ({str(error).splitlines()[0][:200]})")
-            return 0.0
-        reasons.append(_trial_reason(trial))
-        return trial.overhead
+            return (
+                1.0,
+                [f"the Trainer's update not measured before training ({str(error).splitlines()[0][:200]})"],
+                None,
+            )
+        ratio = trial.trainer_seconds / fit.timing.steady
+        said = (
+            f"the Trainer's own update {trial.trainer_seconds:.3f} s on {len(batches)} of the run's batches ("
+            f"{ratio:.2f} of the calibration's {fit.timing.steady:.3f} s; its own work "
+            f"{trial.overhead * 1000:.1f} ms an update)"
+        )
+        return ratio, [said], trial
 
-    def candidate(self, preset: str, max_tokens: int, batch: Timing, overhead: float) -> dict:
+    def candidate(self, preset: str, max_tokens: int, batch: Timing, ratio: float) -> dict:
         """A calibrated choice: its preset, batch size, accumulation, the Trainer's seconds per update and the
         updates per epoch."""
         return {
             "preset": preset,
             "max_tokens": max_tokens,
             "accumulation": self.updates[max_tokens].accumulation,
-            "seconds_per_update": self.update_timing(batch, max_tokens, overhead).steady,
+            "seconds_per_update": self.update_timing(batch, max_tokens, ratio).steady,
             "updates_per_epoch": self.epoch_updates(max_tokens),
         }
 
-    def fit(self, per_size: dict[int, Timing], overhead: float, checkpoint_seconds: float) -> BudgetFit:
+    def fit(self, per_size: dict[int, Timing], ratio: float, checkpoint_seconds: float) -> BudgetFit:
         """The largest batch size that still gives `min_updates` updates in the budget (enough), else the smallest,
-        from the measured seconds of a batch at each size, the Trainer's own work per update and a checkpoint's."""
+        from the measured seconds of a batch at each size (times `ratio`, the Trainer's over the calibration's) and
+        of a checkpoint."""
         for max_tokens in self.sizes:
             fit = self.updates_for_budget(
-                max_tokens, self.update_timing(per_size[max_tokens], max_tokens, overhead), checkpoint_seconds
+                max_tokens, self.update_timing(per_size[max_tokens], max_tokens, ratio), checkpoint_seconds
             )
             if fit.enough:
                 break
@@ -345,16 +362,23 @@ class Planner:
         rule = "the largest that gives" if fit.enough else "none gives"
         return f"the {preset} model ({', '.join(self.presets)}: {rule} {self.min_updates or 0:,} updates); {fit.reason}"
 
-    def budgeted_plan(self, model, preset, fit: BudgetFit, measurement, reasons, measured, candidates, overhead):
-        """The budgeted plan of `fit`: its schedule, and what it predicted (see `BudgetPlan`)."""
+    def budgeted_plan(self, preset: str, fit: BudgetFit, ratio: float, reasons: list[str]) -> BudgetPlan:
+        """The budgeted plan of `fit` for `preset`: its schedule, what it predicted (see `BudgetPlan`), every choice
+        measured with its time (the Trainer's: times `ratio`)."""
+        model, measurement, _, _ = self.measured[preset]
+        measured, candidates = {}, []
+        for name, (_, each, _, _) in self.measured.items():
+            prefix = f"{name}/" if len(self.presets) > 1 else ""
+            measured.update({prefix + key: seconds for key, seconds in each.measured.items()})
+            candidates += [self.candidate(name, size, each.per_size[size], ratio) for size in self.sizes]
         plan = self.schedule(model, fit.max_steps, fit.max_tokens, measurement, reasons, measured)
         return replace(
             plan,
             preset=preset,
             max_minutes=self.max_minutes,
             seconds_per_update=fit.timing.steady,
-            calibrated_seconds_per_update=fit.timing.steady - overhead,
-            trainer_overhead_seconds=overhead,
+            calibrated_seconds_per_update=fit.timing.steady / ratio,
+            trainer_ratio=ratio,
             seconds_per_new_shape=fit.timing.per_shape,
             once_seconds=fit.timing.once,
             predicted_seconds_per_update=self.per_update(fit.timing, fit.max_tokens, fit.max_steps),
@@ -421,10 +445,3 @@ def where(recipe: str | None, device) -> str:
     """Where the run trains and with which recipe, in words: the plan line's first part."""
     place = describe_device(device)
     return f"recipe {recipe} on {place}" if recipe else f"on {place}"
-
-
-def _trial_reason(trial: TrainerTrial) -> str:
-    return (
-        f"the Trainer's own work {trial.overhead * 1000:.1f} ms per update (its update {trial.trainer_seconds:.3f} s "
-        f"against the calibration's {trial.calibrated_seconds:.3f} s, on the same batches)"
-    )

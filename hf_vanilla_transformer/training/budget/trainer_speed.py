@@ -38,8 +38,8 @@ from .calibration import Candidate, _Copy, measure_updates
 from .device import synchronizer
 
 
-TRIAL_BATCHES = 6  # distinct batch shapes timed (times the accumulation)
-TRIAL_ROUNDS = 3  # passes of the Trainer over them: the first meets them in the new model's loop, the others count
+TRIAL_BATCHES = 12  # distinct batch shapes timed (times the accumulation), standing for the run's (shape_sample)
+TRIAL_ROUNDS = 2  # passes of the Trainer over them: the first meets their shapes, the second counts
 
 
 @dataclass(frozen=True)
