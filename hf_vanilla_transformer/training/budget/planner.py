@@ -190,8 +190,10 @@ class Planner:
 
     def update_timing(self, batch: Timing, max_tokens: int, ratio: float = 1.0) -> Timing:
         """The timing of an update of batches of `max_tokens` from a batch's: its accumulation, and `ratio`, the
-        real Trainer's seconds over the calibration's (`trainer_ratio`)."""
-        return Timing(batch.steady * self.updates[max_tokens].accumulation * ratio, batch.per_shape, batch.once)
+        real Trainer's seconds over the calibration's (`trainer_ratio`). On a CPU a ratio measured holds the cost of
+        the shapes too (each update pays it: `trainer_speed.py`), so they are not paid apart."""
+        shapes = batch.per_shape if ratio == 1.0 or self.device.type != "cpu" else 0.0
+        return Timing(batch.steady * self.updates[max_tokens].accumulation * ratio, shapes, batch.once)
 
     def rank(self, timing: Timing, max_tokens: int) -> float:
         """The calibration's order of candidates: their seconds per update over the updates the budget would give

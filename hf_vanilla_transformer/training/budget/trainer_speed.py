@@ -8,11 +8,16 @@ run's real batches for a few rounds, and its seconds per update (after the first
 the calibration's on the same batches is the Trainer's own work (`TrainerTrial.overhead`), added to every calibrated
 choice's update:
 
-* on a CPU, in pairs: after each of the Trainer's updates, the calibration's update of its own copy of the model on
-  the same batches, so that a change of the machine's load falls on both alike (the median of the differences);
-* on a GPU, where the Trainer queues its kernels without waiting (a wait per update would add what the queue hides),
-  the Trainer's updates over a window with the device synchronised at its two ends, against the calibration's of the
-  same batches measured before.
+* on a CPU, in pairs, over one pass of batches of shapes met for the first time: after each of the Trainer's updates,
+  the calibration's update of its own copy of the model on the same batches (a shape the Trainer just met: cached),
+  so that a change of the machine's load falls on both alike (the median of the differences). A CPU's run meets a
+  shape's cost at almost every update, not once: oneDNN keeps 1,024 primitives (a shape needs dozens) and a corpus
+  has hundreds of batch shapes, so the cache rarely holds the next update's (measured on the help corpus: every
+  epoch as slow as the first, 20% faster once a cache of 65,536 held them all, at 3.8 GB more memory). The
+  Trainer's update on shapes it meets for the first time is then what the run pays, and the plan's ratio carries it;
+* on a GPU, where the Trainer queues its kernels without waiting (a wait per update would add what the queue hides)
+  and the plans of a shape are kept, two passes: the second, a window with the device synchronised at its two ends,
+  against the calibration's steady update on the same batches measured before.
 
 The trial leaves the model, the global random state and the output folder as they were.
 """
@@ -38,8 +43,8 @@ from .calibration import Candidate, _Copy, measure_updates
 from .device import synchronizer
 
 
-TRIAL_BATCHES = 12  # distinct batch shapes timed (times the accumulation), standing for the run's (shape_sample)
-TRIAL_ROUNDS = 2  # passes of the Trainer over them: the first meets their shapes, the second counts
+TRIAL_BATCHES = 24  # distinct batch shapes (times the accumulation), standing for the run's (shape_sample)
+CPU_WARM = 4  # on a CPU, the Trainer's first updates not counted (its optimizer's state made, first touches)
 
 
 @dataclass(frozen=True)
@@ -142,8 +147,8 @@ def trainer_trial(
     memory) is the caller's to handle."""
     device, (precision, attention, compiled) = torch.device(args.device), candidate
     updates, mode = len(batches) // accumulation, getattr(args, "torch_compile_mode", None)
-    if updates < 1:
-        raise RuntimeError(f"{len(batches)} batches of a distinct shape make no update of {accumulation}")
+    if updates <= CPU_WARM:
+        raise RuntimeError(f"{len(batches)} batches of distinct shapes make too few updates of {accumulation}")
     collator = data.collator(model.config, device)
     collated = [{k: v.to(device) for k, v in batch.items()} for batch in data.collate(batches, collator)]
     if device.type == "cuda":
@@ -152,15 +157,17 @@ def trainer_trial(
         )
         if timing.failure:
             raise RuntimeError(timing.failure)
-        watch = _Window(updates, updates * TRIAL_ROUNDS, synchronizer(device), timing.steady * accumulation)
+        rounds = 2
+        watch = _Window(updates, updates * rounds, synchronizer(device), timing.steady * accumulation)
     else:
-        watch = _Pairs(_Copy(model, candidate, device, optimizer, mode), collated, accumulation, warm=updates)
+        rounds = 1
+        watch = _Pairs(_Copy(model, candidate, device, optimizer, mode), collated, accumulation, warm=CPU_WARM)
     trial = copy.deepcopy(model).train()
     if attention:
         trial.set_attn_implementation(attention)
     trial_args = args.planned(
-        max_steps=updates * TRIAL_ROUNDS,
-        warmup_steps=updates * TRIAL_ROUNDS,
+        max_steps=updates * rounds,
+        warmup_steps=updates * rounds,
         save_steps=None,
         eval_steps=None,
         precision=precision,
@@ -176,7 +183,7 @@ def trainer_trial(
             args=trial_args,
             train_dataset=data.train,
             data_collator=collator,
-            batch_sampler=_FixedBatches(batches, TRIAL_ROUNDS),
+            batch_sampler=_FixedBatches(batches, rounds),
             callbacks=[watch],
         )
         trainer.pop_callback(PrinterCallback)
