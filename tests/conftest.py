@@ -150,3 +150,15 @@ def reversal_task(words: int = 40, pairs: int = 16):
 
     dataset = Dataset.from_dict({"source": sources, "target": targets}).map(encode, batched=True)
     return tokenizer, dataset.remove_columns(["source", "target"])
+
+
+# The GPU check (`vanilla-transformer gpu-check`) stops its test step at a time limit, before pytest's summary and its
+# tracebacks: where it names a file here, each failure's traceback is added to it as it happens.
+FAILURES_FILE = "HF_VANILLA_TRANSFORMER_TEST_FAILURES"
+
+
+def pytest_runtest_logreport(report):
+    path = os.environ.get(FAILURES_FILE)
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n")

@@ -21,6 +21,8 @@ from hf_vanilla_transformer.benchmarks.gpu_check import (
     corpus_flags,
     count_tests,
     exit_status,
+    failure_tracebacks,
+    gpu_tests_step,
     main_job_step,
     run_step,
 )
@@ -83,12 +85,20 @@ def benchmark_json(size: str = "base", compiled: bool = True, dtype: str = "bf16
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def test_the_choice_passes_in_bf16_with_base_or_big_only():
-    row = choice_row(results_json(), "")
+def test_the_choice_passes_in_bf16_with_base_or_big_only_in_the_26_minute_job():
+    row = choice_row(results_json(max_minutes=26), "")
     assert (row.reads, row.mark) == ("base, bf16, sdpa, 4,096 tokens x 1 per update", "pass")
-    assert choice_row(results_json(preset="small"), "").mark == "fail"
-    assert choice_row(results_json(preset="big", precision="fp16"), "").mark == "fail"
+    assert choice_row(results_json(preset="small", max_minutes=26), "").mark == "fail"
+    assert choice_row(results_json(preset="big", precision="fp16", max_minutes=26), "").mark == "fail"
     assert choice_row(None, "the main job timed out").reads == "n/a: the main job timed out"
+    # A shorter run reaches the plan's 6,000 updates with no size (the H200's 4.5-minute check chose small): its
+    # size is said, its precision judged.
+    short = choice_row(results_json(preset="small", max_minutes=4.5), "")
+    assert (short.reads, short.mark) == (
+        "small, bf16, sdpa, 4,096 tokens x 1 per update (the size not judged in a 4.5-minute run)",
+        "pass",
+    )
+    assert choice_row(results_json(preset="small", precision="fp16"), "").mark == "fail"
 
 
 def test_planned_against_measured_passes_within_ten_percent():
@@ -138,6 +148,16 @@ def test_the_source_gain_is_the_last_validations_against_the_checks_own_threshol
     weak["source_check"]["history"][-1]["source_gain"] = 0.05
     assert source_gain_row(weak, "").mark == "fail"
     assert source_gain_row({**weak, "source_check": None}, "").mark == "n/a"
+    # Before the warmup's end the check itself judges nothing (the H200's 4.5-minute check: 7 updates of 16).
+    early = results_json(warmup_steps=16)
+    early["source_check"]["history"] = [{"step": 7, "source_gain": -0.00006}]
+    row = source_gain_row(early, "")
+    assert (row.mark, row.reads) == (
+        "n/a",
+        "-0.000 at update 7 (1 validations: -0.000); before the warmup's end (16): not judged",
+    )
+    early["plan"]["warmup_steps"] = 4
+    assert source_gain_row(early, "").mark == "fail"
 
 
 def test_a_short_runs_bleu_is_said_beside_the_26_minute_goal_and_a_long_runs_judged():
@@ -298,6 +318,33 @@ def test_on_a_gpu_the_main_job_has_5_minutes_and_the_benchmark_measures_base_big
     ]
     assert 145 <= ran[0][1] <= 150  # the sizes share the benchmark's 150 s
     assert list(measured) == ["base", "big"] and missing == {"small": "the benchmark wrote no benchmark_small.json"}
+
+
+def test_a_failed_gpu_tests_traceback_is_kept_even_when_the_step_is_stopped_at_its_limit(tmp_path):
+    """The first real GPU run stopped the gpu tests at their limit with three failures and no traceback (pytest
+    prints them in its summary): tests/conftest.py adds each failure's traceback to a file as it happens, and the
+    step reads the file whatever became of pytest. Here a test of the clone fails, then pytest is killed as the
+    limit kills it (SIGKILL, no summary)."""
+    clone = tmp_path / "clone"
+    (clone / "tests").mkdir(parents=True)
+    (clone / "tests" / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    (clone / "tests" / "test_stand_in.py").write_text(
+        "import os, signal, pytest\n"
+        "pytestmark = pytest.mark.gpu\n"
+        "def test_a_kernel():\n    assert 8 >= 16, 'NYI: embedding dimension must be at least 16'\n"
+        "def test_b_killed():\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    (clone / "pyproject.toml").write_text('[tool.pytest.ini_options]\nmarkers = ["gpu: needs a GPU"]\n')
+    folder = tmp_path / "check"
+    folder.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    step = gpu_tests_step(gpu_check.GPU_MODE, clone, folder, env)
+    assert step["status"] == "failed (exit status -9)" and step["failed"] == 1, step
+    assert "short test summary" not in (folder / "gpu_tests.log").read_text()  # no summary, no traceback there
+    ((name, traceback),) = step["tracebacks"].items()
+    assert name == "tests/test_stand_in.py::test_a_kernel (call)"
+    assert "NYI: embedding dimension must be at least 16" in traceback
+    assert failure_tracebacks(folder / "missing.log") == {}
 
 
 def test_a_step_past_its_limit_is_stopped_with_its_whole_process_group(tmp_path):

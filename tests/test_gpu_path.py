@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import subprocess
 import sys
 import textwrap
@@ -19,7 +20,7 @@ from hf_vanilla_transformer import without_host_reads
 from hf_vanilla_transformer.training import settings as settings_module
 from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
 from hf_vanilla_transformer.training.budget import device as device_module
-from hf_vanilla_transformer.training.budget.costs import BudgetRules, decoding_steps
+from hf_vanilla_transformer.training.budget.costs import BudgetRules, decoding_steps, validation_decoding_steps
 from hf_vanilla_transformer.training.budget.decode_speed import measure_decode_step
 from hf_vanilla_transformer.training.budget.schedule import EventRule, learning_rate
 from hf_vanilla_transformer.training.recipes import parse_run
@@ -84,6 +85,22 @@ def test_flash_attention_is_offered_only_where_it_gives_sdpas_logits_on_padded_c
     args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
     recipe = ModelDataArguments(precision="fp32", attn_implementation="auto")
     assert settings_module.update_choices(recipe, args, cuda).attentions == ("eager", "sdpa", "flex_attention")
+
+
+def test_flex_attention_is_measured_only_in_runs_that_measure_a_compiled_step(monkeypatch):
+    """Flex attention compiles its kernel at its first batch: on the first real GPU run (an H200, 2026-11-27) that
+    took 23 s of a 4.5-minute budget's plan, for an update 2.4 times slower than SDPA's. It is a candidate where the
+    compiled step is one (a run of an hour or more), as it was for the compiled step itself."""
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(device_module, "is_flash_attn_2_available", lambda: False)
+    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
+    for minutes, flex in ((26, False), (settings_module.COMPILE_AFTER_MINUTES, True)):
+        recipe = ModelDataArguments(precision="fp32", attn_implementation="auto", max_minutes=minutes)
+        choices = settings_module.update_choices(recipe, args, cuda)
+        assert (True in choices.compiles) == flex and ("flex_attention" in choices.attentions) == flex, minutes
+    recipe = ModelDataArguments(precision="fp32", attn_implementation="flex_attention", max_minutes=26)
+    assert settings_module.update_choices(recipe, args, cuda).attentions == ("flex_attention",)  # asked for: kept
+    assert device_module.attention_choices(cuda, flex=False) == ["eager", "sdpa"]
 
 
 def test_bf16_is_offered_where_the_gpu_has_it_natively_not_emulated(monkeypatch):
@@ -173,6 +190,55 @@ def test_a_gpus_test_decoding_is_predicted_from_its_steps_latency_not_the_update
     assert on_gpu.test_decode_seconds(0.03, 4096) == pytest.approx(24.0)  # 2,000 steps of 12 ms
     # A validation's greedy decoding predicts the test's beam-4 decoding by the measured ratio of their steps.
     assert on_gpu.beam_cost == pytest.approx(1.2) and rules.beam_cost == pytest.approx(3.0)
+
+
+def test_a_gpus_validation_is_predicted_from_its_steps_latency_in_the_trainers_own_batches():
+    """The first real GPU run (an H200, 2026-11-27) validated 500 pairs in 30 s where the update's time put the
+    validation at 0.2 s: a validation's greedy decoding is predicted from a step's latency too, over the steps of
+    the batches the Trainer's validation really makes (`evaluation_batches`, shared with `get_eval_dataloader`)."""
+    from hf_vanilla_transformer.data.batching import evaluation_batches
+
+    lengths = [5, 30, 6, 29, 7, 28, 8, 27]
+    batches = list(evaluation_batches(lengths, 2))  # 2 sentences of the mean length (17): 34 padded tokens a batch
+    assert sorted(i for batch in batches for i in batch) == list(range(8))
+    steps = sum(math.ceil(1.1 * max(lengths[i] for i in batch)) + 1 for batch in batches)
+    assert validation_decoding_steps(lengths, 2) == steps and validation_decoding_steps([], 2) == 0
+    assert steps < decoding_steps(lengths, max_sentences=1)  # batched together, short with short
+
+    rules = BudgetRules(
+        EventRule(evaluations_per_run=4), validates=True, validation_pairs=500, test_sentences=1152, test_beams=4
+    )
+    throughput = rules.validation_seconds(0.02, 4096)
+    on_gpu = dataclasses.replace(rules, validation_steps=800, step_seconds=0.012, greedy_step_seconds=0.010)
+    loss_passes = 1 * 500 / 640 * 0.02
+    assert on_gpu.validation_seconds(0.02, 4096) == pytest.approx(800 * 0.010 + loss_passes)  # 8 s, not 0.2
+    assert throughput == pytest.approx(500 * 47 * 0.02 / 4096 + loss_passes)
+    beams = dataclasses.replace(on_gpu, validation_beams=4)  # a validation with the test's beams: their step
+    assert beams.validation_seconds(0.02, 4096) == pytest.approx(800 * 0.012 + loss_passes)
+    silent = dataclasses.replace(on_gpu, validates=False)
+    assert silent.validation_seconds(0.02, 4096) == 0.0
+
+
+def test_the_trainers_validation_runs_in_the_batches_the_plan_counts(tmp_path):
+    from hf_vanilla_transformer.data.batching import evaluation_batches
+    from hf_vanilla_transformer.training.trainer import TransformerTrainer
+
+    from conftest import reversal_task
+
+    tokenizer, dataset = reversal_task()
+    model = tiny_model(vocab_size=len(tokenizer))
+    settings = parse_run(["--output_dir", str(tmp_path)], default_recipe="gpu")
+    args = settings.args.planned(
+        max_steps=1, warmup_steps=1, save_steps=None, eval_steps=None, precision="fp32", compiled=False,
+        accumulation=1, learning_rate=1e-3,
+    )  # fmt: skip
+    args.dataloader_num_workers, args.dataloader_persistent_workers, args.per_device_eval_batch_size = 0, False, 4
+    trainer = TransformerTrainer(
+        model=model, args=args, train_dataset=dataset, eval_dataset=dataset, processing_class=tokenizer
+    )
+    lengths = [len(ids) for ids in dataset["input_ids"]]
+    expected = list(evaluation_batches(lengths, 4))
+    assert len(expected) > 2 and list(trainer.get_eval_dataloader(dataset).batch_sampler) == expected
 
 
 def test_a_decoding_steps_latency_is_the_extra_steps_time_over_their_number():

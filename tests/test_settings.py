@@ -131,3 +131,14 @@ def test_the_command_line_settles_every_choice_before_any_work(tmp_path):
     assert settings.choices.attentions == ("eager", "sdpa") and settings.choices.compiles == (False,)
     assert settings.rate == RateRule(1.0, 0.0019764, 256, 2048, 1000, 0.35)
     assert settings.asked()["precision"] == "auto" and settings.updates[1024].accumulation == 1
+
+
+def test_the_first_line_names_the_size_only_where_the_run_fixes_it(tmp_path):
+    """The first real GPU run said "Training the 'big' Transformer" and trained small, the plan's choice."""
+    from hf_vanilla_transformer.commands.train import headline
+
+    output = str(tmp_path / "run")
+    chosen = headline(parse_run(["--output_dir", output], default_recipe="gpu"))
+    assert chosen.startswith("Training a Transformer of the size the plan chooses (big, base, small) on ")
+    fixed = headline(parse_run(["--output_dir", output, "--preset", "base"], default_recipe="gpu"))
+    assert fixed.startswith("Training the 'base' Transformer on libreoffice-help en-de for 26 minutes (recipe gpu)")

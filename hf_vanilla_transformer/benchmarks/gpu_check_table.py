@@ -5,11 +5,13 @@ steps.
 
 The goals (docs/gpu.md, "The GPU check"):
 
-* the main job trains in bf16, with base or big;
+* the main job trains in bf16, with base or big in the 26-minute main job (a shorter run reaches the plan's
+  6,000 updates with neither: its size is said, not judged);
 * the plan's seconds per update within 10% of the Trainer's measured ones;
 * the main job's training tokens/s at least 80% of the benchmark's training step of the same model, batch and dtype;
 * compiled greedy and beam-4 decoding at least 2x MarianMTModel eager; compiled training at least 1.3x;
-* the source check's last gain at least its own threshold (0.1 nats per token);
+* the source check's last gain at least its own threshold (0.1 nats per token), where that validation came after
+  the warmup (as the check itself judges);
 * test BLEU at least 42 in the 26-minute main job: a shorter run's BLEU is said beside that goal, not judged.
 """
 
@@ -108,7 +110,12 @@ def choice_row(results: dict | None, missing: str) -> Row:
         f"{figures['preset']}, {figures['precision']}, {figures['attn_implementation']}, "
         f"{figures['max_tokens']:,} tokens x {figures['gradient_accumulation_steps']} per update"
     )
-    ok = figures["precision"] == CHOSEN_PRECISION and figures["preset"] in CHOSEN_PRESETS
+    minutes = plan.get("max_minutes")
+    sized = minutes is not None and minutes >= BLEU_GOAL_MINUTES  # the plan's rule picks base or big there
+    if not sized:
+        length = f"a {minutes:g}-minute run" if minutes else "a run of a given length"
+        reads += f" (the size not judged in {length})"
+    ok = figures["precision"] == CHOSEN_PRECISION and (figures["preset"] in CHOSEN_PRESETS or not sized)
     return Row("main job: size, precision, attention, batch", reads, goal, judged(ok), figures)
 
 
@@ -210,6 +217,9 @@ def source_gain_row(results: dict | None, missing: str) -> Row:
         f"{gains[-1]:.3f} at update {last['step']:,} ({len(gains)} validations: {', '.join(f'{g:.3f}' for g in gains)})"
     )
     figures = {"gains": gains, "last": gains[-1], "threshold": threshold}
+    warmup = (results.get("plan") or {}).get("warmup_steps") or 0
+    if last["step"] <= warmup:  # the source check itself judges only after the warmup
+        return Row(check, f"{reads}; before the warmup's end ({warmup:,}): not judged", goal, NOT_JUDGED, figures)
     return Row(check, reads, goal, judged(gains[-1] >= threshold), figures)
 
 

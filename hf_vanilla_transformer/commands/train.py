@@ -113,18 +113,27 @@ def _command(argv: list[str] | None, prog: str | None) -> str:
     return shlex.join([*prog.split(), *(sys.argv[1:] if argv is None else argv)])
 
 
+def headline(settings) -> str:
+    """The run's first line: what it trains (the size the plan chooses, where it chooses), on what, for how long."""
+    recipe, args = settings.recipe, settings.args
+    if recipe.model_name_or_path:
+        what = recipe.model_name_or_path
+    elif len(settings.presets) > 1:
+        what = f"a Transformer of the size the plan chooses ({', '.join(settings.presets)})"
+    else:
+        what = f"the {settings.presets[0]!r} Transformer"
+    data = recipe.data_files or f"{recipe.dataset} {recipe.source_lang}-{recipe.target_lang}"
+    length = f"{recipe.max_minutes:g} minutes" if settings.budgeted else None
+    length = length or (f"{args.max_steps:,} updates" if args.max_steps > 0 else f"{args.num_train_epochs:g} epochs")
+    source = f" (recipe {recipe.recipe})" if recipe.recipe else ""
+    return f"Training {what} on {data} for {length}{source}, into {args.output_dir}."
+
+
 def _train_and_report(settings, command: str) -> dict | None:
     recipe, args = settings.recipe, settings.args
     started = process_start_time()
     if args.should_save:
-        what = f"the {recipe.preset!r} Transformer" if not recipe.model_name_or_path else recipe.model_name_or_path
-        data = recipe.data_files or f"{recipe.dataset} {recipe.source_lang}-{recipe.target_lang}"
-        length = f"{recipe.max_minutes:g} minutes" if settings.budgeted else None
-        length = length or (
-            f"{args.max_steps:,} updates" if args.max_steps > 0 else f"{args.num_train_epochs:g} epochs"
-        )
-        source = f" (recipe {recipe.recipe})" if recipe.recipe else ""
-        print(f"Training {what} on {data} for {length}{source}, into {args.output_dir}.", flush=True)
+        print(headline(settings), flush=True)
     results = train_and_evaluate(settings, command=command, started=started)
     if results is None:  # not the main process of a multi-process launch
         return None

@@ -388,6 +388,14 @@ def inference_batches(
     return [*batches, current] if current else batches
 
 
+def evaluation_batches(lengths: Sequence[int], sentences_per_batch: int) -> TokenBudgetBatchSampler:
+    """The batches the Trainer's validation runs in (`VanillaTransformerTrainer.get_eval_dataloader`), for sentences
+    of `lengths` tokens: `sentences_per_batch` sentences of the mean length per batch, padded tokens counted, pairs
+    of similar length together, in a fixed order."""
+    budget = sentences_per_batch * max(1, int(sum(lengths) / max(1, len(lengths))))
+    return TokenBudgetBatchSampler(lengths, lengths, max_tokens=budget, shuffle=False)
+
+
 class BatchSamplers:
     """One token-budget batch sampler per batch size over a training split's lengths, built once and shared by the
     planner (calibration, epoch sizes) and the Trainer. Every size shares one array of the pairs' length groups (2

@@ -162,14 +162,19 @@ def update_choices(recipe: ModelDataArguments, args: TransformerTrainingArgument
     """The precisions, attention implementations and compilations to measure on `device`, one each where the recipe
     fixed them: the precision `auto` measures the device's (`device.device_precisions`), else the one given (the
     recipe's, or `--bf16` / `--fp16`), checked to exist there; the attention `auto` measures the device's
-    (`device.attention_choices`); the compilation as `compile_choices` says."""
+    (`device.attention_choices`; flex attention, a kernel compiled at its first batch, only in runs that measure a
+    compiled step: on an H200 it compiled for 23 s and ran 2.4 times slower than SDPA); the compilation as
+    `compile_choices` says."""
     if recipe.precision == "auto":
         precisions = device_precisions(device)
     else:
         precisions = [recipe.precision or ("bf16" if args.bf16 else "fp16" if args.fp16 else "fp32")]
         check_precision(precisions[0], device)
-    attentions = attention_choices(device) if recipe.attn_implementation == "auto" else [recipe.attn_implementation]
     compiles = compile_choices(recipe, args, device)
+    if recipe.attn_implementation == "auto":
+        attentions = attention_choices(device, flex=True in compiles)
+    else:
+        attentions = [recipe.attn_implementation]
     return UpdateChoices(
         tuple(precisions),
         tuple(attentions),

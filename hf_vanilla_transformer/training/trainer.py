@@ -22,7 +22,7 @@ from transformers import Seq2SeqTrainer
 from transformers.trainer_utils import rotate_checkpoints
 from transformers.utils import logging as hf_logging
 
-from ..data.batching import TokenBudgetBatchSampler
+from ..data.batching import TokenBudgetBatchSampler, evaluation_batches
 from ..model.inputs_vanilla_transformer import without_host_reads
 from ..utils.faults import moment
 from ..utils.files import disk_full, folder_bytes, is_disk_full
@@ -166,8 +166,7 @@ class TransformerTrainer(Seq2SeqTrainer):
             return super().get_eval_dataloader(eval_dataset)
         dataset = self._remove_unused_columns(dataset, description="Evaluation")
         lengths = [len(ids) for ids in dataset["input_ids"]]
-        budget = self.args.per_device_eval_batch_size * max(1, int(sum(lengths) / len(lengths)))
-        sampler = TokenBudgetBatchSampler(lengths, lengths, max_tokens=budget, shuffle=False)
+        sampler = evaluation_batches(lengths, self.args.per_device_eval_batch_size)
         loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=self.data_collator)
         return self.accelerator.prepare(loader)
 

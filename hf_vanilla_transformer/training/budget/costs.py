@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...data.batching import inference_batches
+from ...data.batching import evaluation_batches, inference_batches
 from .schedule import EventRule
 
 
@@ -40,7 +40,18 @@ def decoding_steps(lengths: list[int], max_tokens: int = 4000, max_sentences: in
     first, at most `max_tokens` padded tokens and `max_sentences` a batch): each batch runs until its longest target,
     about `TARGET_PER_SOURCE` of its longest source. On a GPU, where a step's time hardly depends on its batch,
     decoding costs these steps times a step's latency."""
-    batches = inference_batches(lengths, max_tokens, max_sentences)
+    return batches_steps(inference_batches(lengths, max_tokens, max_sentences), lengths)
+
+
+def validation_decoding_steps(lengths: list[int], sentences_per_batch: int) -> int:
+    """The decoding steps of a validation's greedy decoding of sentences of `lengths` source tokens, batched as the
+    Trainer's validation batches them (`evaluation_batches`, `sentences_per_batch` sentences of the mean length a
+    batch)."""
+    return batches_steps(evaluation_batches(lengths, sentences_per_batch), lengths) if lengths else 0
+
+
+def batches_steps(batches, lengths: list[int]) -> int:
+    """The steps of decoding `batches` (lists of indices into `lengths`): each runs until its longest target."""
     return sum(math.ceil(TARGET_PER_SOURCE * max(lengths[i] for i in batch)) + 1 for batch in batches)
 
 
@@ -107,8 +118,10 @@ class BudgetRules:
     accumulation: int = 1
     shapes_met: Callable[[int], float] | None = None
     # On a GPU, decoding is bound by the latency of its steps: the steps of the test decoding (and the choice of
-    # alpha), and a step's seconds with the test's beams and greedy, measured there (0: a CPU's throughput model).
+    # alpha) and of a validation's, and a step's seconds with the test's beams and greedy, measured there (0: a
+    # CPU's throughput model).
     test_steps: int = 0
+    validation_steps: int = 0
     step_seconds: float = 0.0
     greedy_step_seconds: float = 0.0
 
@@ -135,11 +148,15 @@ class BudgetRules:
         return decode_cost(self.test_beams) / decode_cost(self.validation_beams)
 
     def validation_seconds(self, seconds_per_update: float, tokens_per_update: int) -> float:
-        """One validation (its decoding and its loss passes) predicted from an update's time; 0 where none come."""
+        """One validation (its decoding and its loss passes) predicted from an update's time, its decoding from the
+        latency of a decoding step where that is measured and longer (a GPU: an H200 took 30 s over the 500
+        validation pairs that an update's time put at 0.2 s); 0 where none come."""
         if not self.validations:
             return 0.0
         pairs = self.validation_pairs
         decoding = decode_seconds(pairs, self.validation_beams, seconds_per_update, tokens_per_update)
+        step = self.greedy_step_seconds if self.validation_beams <= 1 else self.step_seconds
+        decoding = max(decoding, self.validation_steps * step)
         return decoding + validation_loss_seconds(pairs, seconds_per_update, self.source_check)
 
     def first_costs(self, per_shape: float, since: int, until: int) -> float:

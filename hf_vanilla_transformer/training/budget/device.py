@@ -48,18 +48,19 @@ def device_precisions(device: torch.device) -> list[str]:
     return ["fp32", "bf16"] if cpu_has_fast_bf16() else ["fp32"]
 
 
-def attention_choices(device: torch.device) -> list[str]:
-    """The attention implementations worth measuring on `device`: eager and SDPA; on CUDA flex attention too, and
-    flash attention where it is installed, the GPU has its kernels (Ampere on) and it gives SDPA's logits on a
-    padded batch whose target length is not its source's (`flash_attention_agrees`): transformers' unpadding helper
-    has unpadded the query with the key's mask (transformers issue #35032), which breaks cross-attention."""
+def attention_choices(device: torch.device, flex: bool = True) -> list[str]:
+    """The attention implementations worth measuring on `device`: eager and SDPA; on CUDA flex attention too where
+    `flex` (a compiled kernel: the run measures compiled steps), and flash attention where it is installed, the GPU
+    has its kernels (Ampere on) and it gives SDPA's logits on a padded batch whose target length is not its source's
+    (`flash_attention_agrees`): transformers' unpadding helper has unpadded the query with the key's mask
+    (transformers issue #35032), which breaks cross-attention."""
     if device.type != "cuda":
         return ["eager", "sdpa"]
     flash = is_flash_attn_2_available() and torch.cuda.get_device_capability(device)[0] >= 8
     return [
         "eager",
         "sdpa",
-        "flex_attention",
+        *(["flex_attention"] if flex else []),
         *(["flash_attention_2"] if flash and flash_attention_agrees(device) else []),
     ]
 

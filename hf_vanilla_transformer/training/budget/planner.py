@@ -20,7 +20,7 @@ from ...utils.distributed import main_process_value, result_or_error
 from ...utils.machine import describe_device
 from .calibration import Calibration, Measurement, Timing, measure_checkpoint_seconds
 from .clock import BudgetClock, BudgetError
-from .costs import BudgetRules, decoding_steps, updates_that_fit
+from .costs import BudgetRules, decoding_steps, updates_that_fit, validation_decoding_steps
 from .decode_speed import measure_decode_step, median_batch
 from .device import pad_multiple
 from .plan import Budgeted, BudgetPlan
@@ -150,12 +150,13 @@ class Planner:
         self.where = where(recipe.recipe, settings.device)
 
     def decoding_on_gpu(self, data, alphas: int, device) -> dict:
-        """A GPU's test decoding: the steps it takes (the test split, and the validation pairs once per each of the
-        `alphas`) in the rules, and the batch on `device` a step's latency is measured on (`measure_decoding`)."""
+        """A GPU's decoding steps in the rules (the test split's with the validation's once per alpha; a validation's
+        in the Trainer's batches), and the batch on `device` a step's latency is measured on (`measure_decoding`)."""
         batch, test = median_batch(data.tokenizer, list(data.test["source"]), device)
         validation = [len(ids) for ids in data.evaluation["input_ids"]] if data.evaluation is not None else []
-        steps = decoding_steps(test) + (alphas * decoding_steps(validation) if validation else 0)
-        self.rules = replace(self.rules, test_steps=steps)
+        steps = decoding_steps(test) + alphas * decoding_steps(validation)
+        during = validation_decoding_steps(validation, self.args.per_device_eval_batch_size)
+        self.rules = replace(self.rules, test_steps=steps, validation_steps=during)
         return batch
 
     def measure_decoding(self, model, measurement: Measurement) -> tuple[float, float]:
