@@ -389,7 +389,7 @@ def inference_batches(
 
 
 def evaluation_batches(lengths: Sequence[int], sentences_per_batch: int) -> TokenBudgetBatchSampler:
-    """The batches the Trainer's validation runs in (`VanillaTransformerTrainer.get_eval_dataloader`), for sentences
+    """The batches the Trainer's validation runs in (`TransformerTrainer.get_eval_dataloader`), for sentences
     of `lengths` tokens: `sentences_per_batch` sentences of the mean length per batch, padded tokens counted, pairs
     of similar length together, in a fixed order."""
     budget = sentences_per_batch * max(1, int(sum(lengths) / max(1, len(lengths))))
