@@ -161,4 +161,4 @@ def pytest_runtest_logreport(report):
     path = os.environ.get(FAILURES_FILE)
     if path and report.failed:
         with open(path, "a", encoding="utf-8") as handle:
-            handle.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n")
+            handle.write(f"=== failed test: {report.nodeid} ({report.when})\n{report.longreprtext}\n")

@@ -283,7 +283,7 @@ def test_the_exit_status_fails_a_failed_step_and_on_a_gpu_a_failed_row():
     assert exit_status({"mode": "cpu", "steps": not_run, "rows": []}) == 0
 
 
-def test_on_a_gpu_the_main_job_has_5_minutes_and_the_benchmark_measures_base_big_and_its_size_in_bf16(
+def test_on_a_gpu_the_main_job_has_4_minutes_and_the_benchmark_measures_base_big_and_its_size_in_bf16(
     tmp_path, monkeypatch
 ):
     """What only a GPU runs, with the steps stood in: the commands and their limits."""
@@ -298,13 +298,14 @@ def test_on_a_gpu_the_main_job_has_5_minutes_and_the_benchmark_measures_base_big
         return {"status": "ok", "seconds": 1.0}
 
     monkeypatch.setattr(gpu_check, "run_step", stand_in)
-    step, results = main_job_step(GPU_MODE, [], 5, tmp_path, {})
+    step, results = main_job_step(GPU_MODE, [], GPU_MODE.max_minutes, tmp_path, {})
     (main, limit), *_ = ran
     assert main[1:] == [
-        *("-m", "hf_vanilla_transformer", "main", "--max_minutes", "5", "--output_dir", str(tmp_path / "main-job")),
+        *("-m", "hf_vanilla_transformer", "main", "--max_minutes", "4", "--output_dir", str(tmp_path / "main-job")),
         *("--disable_tqdm", "true"),
     ]
-    assert limit == 330 and results is None and step["results_json"] is None
+    assert limit == 270 and results is None and step["results_json"] is None
+    assert GPU_MODE.tests_seconds + limit + GPU_MODE.benchmark_seconds == 590  # 9 minutes 50 seconds in all
     (tmp_path / "main-job").mkdir()
     (tmp_path / "main-job" / "results.json").write_text("{}")
     with pytest.raises(ValueError, match="main-job is not empty: the main job would resume it"):
@@ -331,7 +332,7 @@ def test_a_failed_gpu_tests_traceback_is_kept_even_when_the_step_is_stopped_at_i
     (clone / "tests" / "test_stand_in.py").write_text(
         "import os, signal, pytest\n"
         "pytestmark = pytest.mark.gpu\n"
-        "def test_a_kernel():\n    assert 8 >= 16, 'NYI: embedding dimension must be at least 16'\n"
+        "def test_a_kernel():\n    assert 8 >= 16, '=== Inductor === NYI: embedding dimension must be at least 16'\n"
         "def test_b_killed():\n    os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     (clone / "pyproject.toml").write_text('[tool.pytest.ini_options]\nmarkers = ["gpu: needs a GPU"]\n')
@@ -343,7 +344,7 @@ def test_a_failed_gpu_tests_traceback_is_kept_even_when_the_step_is_stopped_at_i
     assert "short test summary" not in (folder / "gpu_tests.log").read_text()  # no summary, no traceback there
     ((name, traceback),) = step["tracebacks"].items()
     assert name == "tests/test_stand_in.py::test_a_kernel (call)"
-    assert "NYI: embedding dimension must be at least 16" in traceback
+    assert "=== Inductor === NYI: embedding dimension must be at least 16" in traceback  # a banner in it: one test
     assert failure_tracebacks(folder / "missing.log") == {}
 
 

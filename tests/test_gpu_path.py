@@ -204,6 +204,9 @@ def test_a_gpus_validation_is_predicted_from_its_steps_latency_in_the_trainers_o
     steps = sum(math.ceil(1.1 * max(lengths[i] for i in batch)) + 1 for batch in batches)
     assert validation_decoding_steps(lengths, 2) == steps and validation_decoding_steps([], 2) == 0
     assert steps < decoding_steps(lengths, max_sentences=1)  # batched together, short with short
+    # Under two processes each decodes every other batch (accelerate's shards): the busier one's steps.
+    shares = [sum(math.ceil(1.1 * max(lengths[i] for i in batch)) + 1 for batch in batches[r::2]) for r in (0, 1)]
+    assert validation_decoding_steps(lengths, 2, world_size=2) == max(shares) < steps
 
     rules = BudgetRules(
         EventRule(evaluations_per_run=4), validates=True, validation_pairs=500, test_sentences=1152, test_beams=4
@@ -217,6 +220,37 @@ def test_a_gpus_validation_is_predicted_from_its_steps_latency_in_the_trainers_o
     assert beams.validation_seconds(0.02, 4096) == pytest.approx(800 * 0.012 + loss_passes)
     silent = dataclasses.replace(on_gpu, validates=False)
     assert silent.validation_seconds(0.02, 4096) == 0.0
+    # Beams the steps were not measured with: between greedy's and the test's step, in proportion to the beams.
+    assert dataclasses.replace(on_gpu, validation_beams=2).validation_step_seconds == pytest.approx(0.010 + 0.002 / 3)
+    greedy_test = dataclasses.replace(on_gpu, test_beams=1, step_seconds=0.010, validation_beams=4)
+    assert greedy_test.validation_step_seconds == 0.010
+
+
+def test_the_planner_counts_a_gpus_validation_steps_in_the_trainers_batches_over_its_processes(tmp_path):
+    """`Planner.decoding_on_gpu` on a stand-in planner: the validation split's lengths, the Trainer's evaluation
+    batch size and the processes, kept in the rules through a choice's and a plan's copies of them."""
+    import types
+
+    from hf_vanilla_transformer.training.budget.planner import Planner
+
+    from conftest import reversal_task
+
+    tokenizer, dataset = reversal_task()
+    lengths = [len(ids) for ids in dataset["input_ids"]]
+    data = types.SimpleNamespace(
+        tokenizer=tokenizer,
+        test={"source": ["w1 w2 w3", "w4 w5", "w6"]},
+        evaluation={"input_ids": list(dataset["input_ids"])},
+    )
+    rules = BudgetRules(EventRule(evaluations_per_run=4), validates=True, validation_pairs=len(lengths))
+    planner = types.SimpleNamespace(args=types.SimpleNamespace(per_device_eval_batch_size=4), world_size=2, rules=rules)
+    batch = Planner.decoding_on_gpu(planner, data, 3, torch.device("cpu"))
+    assert batch["input_ids"].shape[0] >= 1
+    assert planner.rules.validation_steps == validation_decoding_steps(lengths, 4, 2) > 0
+    test_lengths = [len(tokenizer(text)["input_ids"]) for text in data.test["source"]]
+    assert planner.rules.test_steps == decoding_steps(test_lengths) + 3 * decoding_steps(lengths)
+    chosen = dataclasses.replace(planner.rules, step_seconds=0.012, greedy_step_seconds=0.010)  # as choose() does
+    assert chosen.validation_steps == planner.rules.validation_steps
 
 
 def test_the_trainers_validation_runs_in_the_batches_the_plan_counts(tmp_path):

@@ -3,7 +3,7 @@ ten minutes on a fresh clone, before a day of training is committed to it. Each 
 time limit, its output in a log file of the check's folder:
 
 1. the `gpu` tests (`pytest -m gpu` in the clone's tests/), passed, failed and skipped counted from pytest's lines;
-2. the main job (`vanilla-transformer main --max_minutes 5`) on the LibreOffice help corpus, into the check's folder;
+2. the main job (`vanilla-transformer main --max_minutes 4`) on the LibreOffice help corpus, into the check's folder;
 3. the speed benchmark (`vanilla-transformer benchmark`) of base and big in bf16 with SDPA, eager and compiled, one
    process per size, at the main job's batch, vocabulary and dropout (so that its training step is the main job's:
    the main job runs before it for that reason; the issue's order is tests, benchmark, main job).
@@ -38,7 +38,8 @@ from .gpu_check_table import CheckOutputs, benchmark_size, check_rows, render_ta
 
 
 CPU_DEVICE = "cpu (not a GPU: the logic is checked, the figures mean nothing)"
-FAILURES_FILE = "HF_VANILLA_TRANSFORMER_TEST_FAILURES"  # tests/conftest.py adds each failure's traceback to it
+FAILURES_FILE = "HF_VANILLA_TRANSFORMER_TEST_FAILURES"  # tests/conftest.py adds each failure's traceback to it,
+FAILURE_MARK = "=== failed test: "  # on a line of its own before each
 FIXTURES = ("libreoffice_help_en_de_200.tsv", "libreoffice_help_en_de_test_40.tsv")  # train; validation and test
 
 
@@ -229,12 +230,14 @@ def gpu_tests_step(mode: CheckMode, root: Path | None, folder: Path, env: dict) 
 
 def failure_tracebacks(path: Path, lines: int = 12) -> dict[str, str]:
     """Each failed test's traceback, its last `lines` lines (the error), from the file tests/conftest.py writes."""
-    text = path.read_text(errors="replace") if path.exists() else ""
-    found = {}
-    for block in text.split("=== ")[1:]:
-        name, _, body = block.partition("\n")
-        found[name] = "\n".join(body.rstrip().splitlines()[-lines:])
-    return found
+    found, name = {}, None
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        if line.startswith(FAILURE_MARK):  # a test's first line: the mark, its id and phase
+            name = line[len(FAILURE_MARK) :]
+            found[name] = []
+        elif name is not None:
+            found[name].append(line)
+    return {test: "\n".join("\n".join(body).rstrip().splitlines()[-lines:]) for test, body in found.items()}
 
 
 def main_job_step(

@@ -43,11 +43,16 @@ def decoding_steps(lengths: list[int], max_tokens: int = 4000, max_sentences: in
     return batches_steps(inference_batches(lengths, max_tokens, max_sentences), lengths)
 
 
-def validation_decoding_steps(lengths: list[int], sentences_per_batch: int) -> int:
-    """The decoding steps of a validation's greedy decoding of sentences of `lengths` source tokens, batched as the
-    Trainer's validation batches them (`evaluation_batches`, `sentences_per_batch` sentences of the mean length a
-    batch)."""
-    return batches_steps(evaluation_batches(lengths, sentences_per_batch), lengths) if lengths else 0
+def validation_decoding_steps(lengths: list[int], sentences_per_batch: int, world_size: int = 1) -> int:
+    """The decoding steps of a validation of sentences of `lengths` source tokens, batched as the Trainer's validation
+    batches them (`evaluation_batches`, `sentences_per_batch` sentences of the mean length a batch), in the process
+    with the most of them where `world_size` processes share the batches (accelerate gives each every N-th). A
+    model that has learned where a sentence ends is assumed, as for the test; an untrained one decodes each batch to
+    its length limit, which the re-plans meet as the validation's measured pause."""
+    if not lengths:
+        return 0
+    batches = list(evaluation_batches(lengths, sentences_per_batch))
+    return max(batches_steps(batches[rank::world_size], lengths) for rank in range(max(1, world_size)))
 
 
 def batches_steps(batches, lengths: list[int]) -> int:
@@ -149,15 +154,23 @@ class BudgetRules:
 
     def validation_seconds(self, seconds_per_update: float, tokens_per_update: int) -> float:
         """One validation (its decoding and its loss passes) predicted from an update's time, its decoding from the
-        latency of a decoding step where that is measured and longer (a GPU: an H200 took 30 s over the 500
-        validation pairs that an update's time put at 0.2 s); 0 where none come."""
+        latency of a decoding step where that is measured and longer (a GPU, where an update's time put 500
+        validation pairs at 0.2 s); 0 where none come."""
         if not self.validations:
             return 0.0
         pairs = self.validation_pairs
         decoding = decode_seconds(pairs, self.validation_beams, seconds_per_update, tokens_per_update)
-        step = self.greedy_step_seconds if self.validation_beams <= 1 else self.step_seconds
-        decoding = max(decoding, self.validation_steps * step)
+        decoding = max(decoding, self.validation_steps * self.validation_step_seconds)
         return decoding + validation_loss_seconds(pairs, seconds_per_update, self.source_check)
+
+    @property
+    def validation_step_seconds(self) -> float:
+        """A validation's decoding step, from the measured greedy step and the step with the test's beams: the one
+        measured where the validation's beams are those, else between them in proportion to the beams."""
+        greedy, beams = self.greedy_step_seconds, self.validation_beams
+        if beams <= 1 or self.test_beams <= 1:
+            return greedy if beams <= 1 else max(greedy, self.step_seconds)
+        return greedy + (self.step_seconds - greedy) * (beams - 1) / (self.test_beams - 1)
 
     def first_costs(self, per_shape: float, since: int, until: int) -> float:
         """What the new batch shapes met from update `since` to update `until` add to their steady time, at

@@ -155,7 +155,7 @@ class Planner:
         batch, test = median_batch(data.tokenizer, list(data.test["source"]), device)
         validation = [len(ids) for ids in data.evaluation["input_ids"]] if data.evaluation is not None else []
         steps = decoding_steps(test) + alphas * decoding_steps(validation)
-        during = validation_decoding_steps(validation, self.args.per_device_eval_batch_size)
+        during = validation_decoding_steps(validation, self.args.per_device_eval_batch_size, self.world_size)
         self.rules = replace(self.rules, test_steps=steps, validation_steps=during)
         return batch
 
