@@ -61,6 +61,10 @@ class CheckMode:
     main_extra_seconds: int
     benchmark_seconds: int  # all sizes together
 
+    @property
+    def torch_device(self) -> str:
+        return "cuda" if self.name == "gpu" else "cpu"
+
 
 # On a GPU the limits add up to 9 minutes 50 seconds: tests 170, main job 240 + 30, benchmark 150. (The first real
 # run, an H200 on 2026-11-27, stopped the tests at 110 s after 5 of 10, the compiled ones first met, and spent 139
@@ -266,7 +270,7 @@ def benchmark_step(mode: CheckMode, results: dict | None, folder: Path, env: dic
     trained = benchmark_size(plan.get("preset"))
     sizes += [trained] if trained and trained not in sizes else []
     settings = {
-        "device": "cuda" if mode.name == "gpu" else "cpu",
+        "device": mode.torch_device,
         "dtype": mode.dtype,
         "attn": "sdpa",
         "batch_tokens": plan.get("max_tokens") or mode.default_batch,
@@ -357,7 +361,7 @@ def run_gpu_check(options: CheckOptions) -> dict:
     report = {
         "device": mode.device,
         "mode": mode.name,
-        "machine": describe_machine("cuda" if mode.name == "gpu" else "cpu"),
+        "machine": describe_machine(mode.torch_device),
         "corpus": corpus,
         "folder": str(folder),
         "steps": {"gpu_tests": tests, "main_job": main, "benchmark": benchmark},

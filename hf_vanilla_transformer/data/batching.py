@@ -289,8 +289,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         served = rng.permutation(len(self.starts)) if self.shuffle else np.arange(len(self.starts))
         pairs = self.ends - self.starts
         ranked = served[np.argsort(pairs[served], kind="stable")]
-        sources, targets = (-(-lengths // multiple) * multiple for lengths in self._longest)
-        shapes = [tuple(shape) for shape in np.stack([pairs, sources, targets], axis=1)[ranked].tolist()]
+        shapes = [tuple(shape) for shape in self._padded_shapes(multiple)[ranked].tolist()]
         chosen = []
         for share in range(count):
             found = _nearest_free(shapes, int((share + 0.5) * len(shapes) / count), taken)
@@ -304,10 +303,14 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """How many of the epoch's batches have each distinct padded shape (pairs, longest source, longest target),
         the lengths rounded up to `multiple` as the collator pads them (`pad_to_multiple_of`)."""
         if multiple not in self._shape_counts:
-            sources, targets = (-(-lengths // multiple) * multiple for lengths in self._longest)
-            shapes = np.stack([self.ends - self.starts, sources, targets], axis=1)
-            self._shape_counts[multiple] = np.unique(shapes, axis=0, return_counts=True)[1]
+            self._shape_counts[multiple] = np.unique(self._padded_shapes(multiple), axis=0, return_counts=True)[1]
         return self._shape_counts[multiple]
+
+    def _padded_shapes(self, multiple: int) -> np.ndarray:
+        """Each of the epoch's batches' padded shape (pairs, longest source, longest target), (batches, 3), the
+        lengths rounded up to `multiple` as the collator pads them."""
+        sources, targets = (-(-lengths // multiple) * multiple for lengths in self._longest)
+        return np.stack([self.ends - self.starts, sources, targets], axis=1)
 
     def shapes_met(self, batches: int, multiple: int = 1) -> float:
         """The expected number of distinct batch shapes among the first `batches` batches served (every shape from

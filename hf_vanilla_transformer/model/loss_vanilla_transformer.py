@@ -1,4 +1,5 @@
-"""The label-smoothed loss of §5.4, and its chunked form that never builds the (tokens, vocabulary) logits.
+"""The labels: the decoder inputs made from them (§3.1), the label-smoothed loss of §5.4 and its chunked form that
+never builds the (tokens, vocabulary) logits.
 
 Imported relatively by the modeling file, and copied beside it by `save_pretrained`.
 """
@@ -7,6 +8,14 @@ import torch
 from torch import nn
 
 from .inputs_vanilla_transformer import _check_ids, _eager
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder inputs from labels: `decoder_start_token_id` then labels[:-1], with -100 turned into padding (§3.1)."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
 def loss_labels(labels: torch.Tensor, vocab_size: int, pad_token_id: int | None, eos_token_id: int | None):

@@ -5,8 +5,8 @@ by encoder input, decoder input and output projection, scaled by sqrt(d_model) (
 computed for any length (§3.5), dropout as in §5.4 and label-smoothed loss (§5.4).
 
 What the paper describes lives here; what it does not (the loss, the §6.1 decoding rules, input checks, the padding
-skip, the pre-LN variant, the tied-weight bookkeeping, the decoding cache and masks, LayerNorm under CPU autocast)
-lives in the sibling `*_vanilla_transformer.py` files (docs/layout.md), imported relatively, so `save_pretrained`
+skip, the pre-LN variant, the tied-weight bookkeeping, the decoding cache and masks, LayerNorm under CPU autocast,
+the initialisation) lives in the sibling `*_vanilla_transformer.py` files (docs/layout.md), imported relatively, so `save_pretrained`
 copies them and the folder loads with `trust_remote_code=True` without this package.
 
 Shape legend: B batch, S source length, T target length (new tokens), P cached target length, H heads,
@@ -18,7 +18,6 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
 from transformers.masking_utils import create_bidirectional_mask
@@ -47,11 +46,11 @@ from .inputs_vanilla_transformer import (
     check_decoder_inputs,
     check_positions,
 )
-from .loss_vanilla_transformer import loss_labels, project_and_score
+from .loss_vanilla_transformer import loss_labels, project_and_score, shift_tokens_right
 from .padding_vanilla_transformer import decoder_token_index, positionwise, real_token_index
 from .precision_vanilla_transformer import VanillaTransformerLayerNorm
 from .prenorm_vanilla_transformer import PreLNDecoderLayerForward, PreLNEncoderLayerForward
-from .tying_vanilla_transformer import SharedEmbeddingTyingMixin
+from .tying_vanilla_transformer import SharedEmbeddingTyingMixin, init_module_weights
 
 
 # --- Positions (§3.5) ------------------------------------------------------------------------------------------------
@@ -153,7 +152,7 @@ class VanillaTransformerAttention(nn.Module):
         self.v_proj = nn.Linear(config.d_model, num_heads * self.value_head_dim)
         self.out_proj = nn.Linear(num_heads * self.value_head_dim, config.d_model)
         for proj in (self.q_proj, self.k_proj, self.v_proj):
-            proj.xavier_gain = 2**-0.5  # read by _init_weights
+            proj.xavier_gain = 2**-0.5  # read by init_module_weights
 
     def _project_keys_values(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, L, D) -> keys (B, H, L, Dk) and values (B, H, L, Dv)."""
@@ -309,20 +308,8 @@ class VanillaTransformerPreLNDecoderLayer(PreLNDecoderLayerForward, VanillaTrans
 
 
 class VanillaTransformerPreTrainedModel(SharedEmbeddingTyingMixin, PreTrainedModel):
-    """Initialisation (`config.initialization`; the paper names none). `"normal"` (the default), as transformers'
-    own models (Marian, BART): every linear layer and the embedding ~ N(0, init_std), 0.02 unless the config says
-    otherwise; biases zero; LayerNorm weight 1, bias 0. It learned faster than `"xavier"` at every size measured
-    (docs/cpu_recipe.md). `"xavier"`, as the reference implementations (fairseq, tensor2tensor,
-    `torch.nn.Transformer`):
-
-    * embeddings (shared, and learned positions) ~ N(0, d_model^-0.5), so that embeddings times sqrt(d_model) have
-      unit variance; an untied output projection likewise;
-    * query/key/value projections Xavier-uniform with gain 1/sqrt(2) (what fairseq uses and what
-      `torch.nn.Transformer` gives its fused in-projection), every other linear layer Xavier-uniform; biases zero;
-    * LayerNorm weight 1, bias 0.
-
-    The one shared matrix's bookkeeping on save and load is `SharedEmbeddingTyingMixin`'s (tying_vanilla_transformer.py).
-    """
+    """The base of the stacks and models: the initialisation (`config.initialization`, which the paper leaves open) and
+    the one shared matrix's bookkeeping on save and load (`SharedEmbeddingTyingMixin`), in tying_vanilla_transformer.py."""
 
     config: VanillaTransformerConfig
     config_class = VanillaTransformerConfig
@@ -336,25 +323,8 @@ class VanillaTransformerPreTrainedModel(SharedEmbeddingTyingMixin, PreTrainedMod
     _can_compile_fullgraph = True
     _no_split_modules = ["VanillaTransformerEncoderLayer", "VanillaTransformerDecoderLayer"]
 
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        # Called once per leaf module (transformers skips modules without parameters of their own).
-        normal = self.config.initialization == "normal"
-        std = self.config.init_std or (0.02 if normal else self.config.d_model**-0.5)
-        if isinstance(module, nn.Embedding) or module is getattr(self, "lm_head", None):
-            init.normal_(module.weight, mean=0.0, std=std)
-            if getattr(module, "bias", None) is not None:  # `output_bias` (not the paper)
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Linear):
-            if normal:
-                init.normal_(module.weight, mean=0.0, std=std)
-            else:
-                init.xavier_uniform_(module.weight, gain=getattr(module, "xavier_gain", 1.0))
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
+    def _init_weights(self, module: nn.Module) -> None:  # once per leaf module with parameters of its own
+        init_module_weights(self.config, module, getattr(self, "lm_head", None))
 
 
 class _VanillaTransformerStack(VanillaTransformerPreTrainedModel):
@@ -525,14 +495,6 @@ class VanillaTransformerDecoder(_VanillaTransformerStack):
 # --- Encoder-decoder -------------------------------------------------------------------------------------------------
 
 
-def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
-    """Decoder inputs from labels: `decoder_start_token_id` then labels[:-1], with -100 turned into padding (§3.1)."""
-    shifted = labels.new_full(labels.shape, pad_token_id)
-    shifted[:, 1:] = labels[:, :-1]
-    shifted[:, 0] = decoder_start_token_id
-    return shifted.masked_fill(shifted == -100, pad_token_id)
-
-
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     """The encoder-decoder of §3 without the output projection; `shared` is the one embedding matrix (§3.4)."""
 
@@ -554,12 +516,6 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         self.encoder = VanillaTransformerEncoder(config, source)
         self.decoder = VanillaTransformerDecoder(config, self.shared)
         self.post_init()
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        if self.config.source_vocab_size is not None:  # the target's: the source keeps its own
-            self.shared = self.decoder.embed_tokens = value
-            return
-        self.shared = self.encoder.embed_tokens = self.decoder.embed_tokens = value
 
     @can_return_tuple
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
@@ -639,9 +595,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=config.output_bias)  # bias: not the paper
         self.post_init()
         self.generation_config = default_generation_config(config)
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.set_input_embeddings(value)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

@@ -4,9 +4,9 @@ The calibration times an update (forward, backward, the optimizer's step) on a c
 more each update: it fetches and collates the batch, counts its tokens, steps the §5.3 scheduler, runs its callbacks
 and logs. Rather than a constant factor, the plan measures it on this machine: the real `TransformerTrainer`, built
 as the run's own (same arguments, precision, accumulation, data loading), trains a copy of the model on a few of the
-run's real batches for a few rounds, and its seconds per update (after the first round, which meets the shapes) less
-the calibration's on the same batches is the Trainer's own work (`TrainerTrial.overhead`), added to every calibrated
-choice's update:
+run's real batches, and its seconds per update over the calibration's for the same choice is the ratio the plan
+corrects every calibrated choice's time by (`Planner.trainer_ratio`); its seconds less the calibration's on the same
+batches, the Trainer's own work (`TrainerTrial.overhead`), are said beside it:
 
 * on a CPU, in pairs, over one pass of batches of shapes met for the first time: after each of the Trainer's updates,
   the calibration's update of its own copy of the model on the same batches (a shape the Trainer just met: cached),
