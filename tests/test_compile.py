@@ -125,16 +125,48 @@ def test_compiled_decoding_steps_have_no_graph_break_and_give_the_eager_tokens(c
     assert torch.equal(generate(compiled_model, decoding, cache_implementation="static"), eager)
 
 
-def test_transformers_own_compiled_decoding_gives_the_eager_tokens():
+@pytest.mark.parametrize("decoding", ["greedy", "sampling", pytest.param("beam_gnmt", marks=pytest.mark.slow)])
+def test_transformers_own_compiled_decoding_gives_the_eager_tokens(decoding):
     """generate() compiles the decoding step itself when asked (a compilable cache and a `compile_config`; on a CPU
-    `_compile_all_devices`), here with `fullgraph=True`."""
+    `_compile_all_devices`), here with `fullgraph=True`; beam search too (the model's own `_beam_search`:
+    transformers 5 compiles greedy search and sampling only), its steps counted through the compiled call, its
+    cache reordered in place (the addresses CUDA graphs captured)."""
     model = tiny_model(seed=2)
     config = CompileConfig(fullgraph=True, mode="default")
     config._compile_all_devices = True
-    for decoding in ("greedy", "sampling"):
+    steps = []
+    compiled_call = model.get_compiled_call
+
+    def counted(config):
+        step = compiled_call(config)
+        return lambda *args, **kwargs: steps.append(1) or step(*args, **kwargs)
+
+    model.get_compiled_call = counted
+    with torch.no_grad():
         compiled = generate(model, decoding, cache_implementation="static", compile_config=config)
-        assert hasattr(model, "_compiled_call")
-        assert torch.equal(compiled, generate(model, decoding))
+    assert hasattr(model, "_compiled_call") and len(steps) >= compiled.shape[1] - 2, (len(steps), compiled.shape)
+    assert torch.equal(compiled, generate(model, decoding))
+
+
+def test_beam_search_reorders_a_static_cache_in_place_and_leaves_the_cross_attention_cache():
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
+
+    model = tiny_model()
+    static = EncoderDecoderCache(StaticCache(model.config, max_cache_len=6), DynamicCache())
+    keys = torch.randn(3, 4, 2, 8)
+    for index in range(model.config.decoder_layers):
+        static.self_attention_cache.update(keys, keys + 1, index)
+        static.cross_attention_cache.update(keys, keys + 1, index)
+    layers = static.self_attention_cache.layers
+    addresses = [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in layers]
+    cross = [layer.keys.clone() for layer in static.cross_attention_cache.layers]
+    beams = torch.tensor([2, 2, 0])
+    model._reorder_cache(static, beams)
+    assert addresses == [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in layers]
+    torch.testing.assert_close(layers[0].keys[:, :, :2], keys[beams], rtol=0, atol=0)
+    torch.testing.assert_close(layers[-1].values[:, :, :2], keys[beams] + 1, rtol=0, atol=0)
+    crossed = static.cross_attention_cache.layers
+    assert all(torch.equal(layer.keys, kept) for layer, kept in zip(crossed, cross, strict=True))
 
 
 def test_a_compiled_model_still_refuses_bad_ids_once_per_generate_call(compiled_model):

@@ -292,3 +292,29 @@ def test_an_install_of_flash_attention_that_cannot_run_here_does_not_agree():
     """flash-attn installed but broken, or without kernels for this device, is left out rather than stopping every
     run at its start: here (no flash-attn, a CPU) the check runs and says no."""
     assert device_module.flash_attention_agrees.__wrapped__(torch.device("cpu")) is False
+
+
+def test_training_validation_and_translation_run_sdpa_without_cudnns_attention_on_cuda(monkeypatch):
+    """cuDNN's attention builds a plan per input shape (0.38-0.48 s an update of base at its first batch shape on an
+    H200, 0.016 s more without it): the update, the decoding step's measurement, the Trainer's validation and
+    `translate()` run SDPA without it on CUDA, and leave the setting as they found it; a CPU's is left alone."""
+    from hf_vanilla_transformer.evaluation import translation
+    from hf_vanilla_transformer.utils.kernels import without_cudnn_attention
+
+    for before in (True, False):
+        torch.backends.cuda.enable_cudnn_sdp(before)
+        with without_cudnn_attention("cuda"):
+            assert not torch.backends.cuda.cudnn_sdp_enabled()
+        with device_module.cuda_kernels(tf32=False):
+            assert not torch.backends.cuda.cudnn_sdp_enabled() and not device_module.tf32_in_effect()
+        with pytest.raises(RuntimeError), without_cudnn_attention(torch.device("cuda", 0)):
+            raise RuntimeError("an update that fails")
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
+        with without_cudnn_attention("cpu"):
+            assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    seen = []
+    monkeypatch.setattr(translation, "_translate", lambda *args: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    monkeypatch.setattr(translation, "without_cudnn_attention", lambda device: without_cudnn_attention("cuda"))
+    translation.translate(tiny_model(), None, ["a sentence"], progress=False)
+    assert seen == [False] and torch.backends.cuda.cudnn_sdp_enabled()

@@ -2,8 +2,9 @@
 ten minutes on a fresh clone, before a day of training is committed to it. Each step is a subprocess under its own
 time limit, its output in a log file of the check's folder:
 
-1. the `gpu` tests (`pytest -m gpu` in the clone's tests/), passed, failed and skipped counted from pytest's lines;
-2. the main job (`vanilla-transformer main --max_minutes 4`) on the LibreOffice help corpus, into the check's folder;
+1. the `gpu` tests but the slow ones (`pytest -m "gpu and not slow"` in the clone's tests/), passed, failed and
+   skipped counted from pytest's lines;
+2. the main job (`vanilla-transformer main --max_minutes 3`) on the LibreOffice help corpus, into the check's folder;
 3. the speed benchmark (`vanilla-transformer benchmark`) of base and big in bf16 with SDPA, eager and compiled, one
    process per size, at the main job's batch, vocabulary and dropout (so that its training step is the main job's:
    the main job runs before it for that reason; the issue's order is tests, benchmark, main job).
@@ -66,22 +67,22 @@ class CheckMode:
         return "cuda" if self.name == "gpu" else "cpu"
 
 
-# On a GPU the limits add up to 9 minutes 50 seconds: tests 170, main job 240 + 30, benchmark 150. (The first real
-# run, an H200 on 2026-11-27, stopped the tests at 110 s after 5 of 10, the compiled ones first met, and spent 139
-# s of the benchmark's 150 on base with 5 repeats.)
+# On a GPU the limits add up to 9 minutes 50 seconds: tests 200, main job 180 + 30, benchmark 180. (On an H200,
+# 2026-11-27: the gpu tests but the slow plan test took 156 s, and pytest 10-20 s more to start and exit; the
+# benchmark of base, eager and compiled, 170 s with 3 repeats.)
 GPU_MODE = CheckMode(
     name="gpu",
     device="cuda",
-    max_minutes=4,
+    max_minutes=3,
     main_flags=(),
     sizes=("base", "big"),
     dtype="bf16",
     compile=True,
     benchmark_flags=("--generation_batch", "64", "--repeats", "3", "--warmup", "1", "--memory", "false"),
     default_batch=4096,
-    tests_seconds=170,
+    tests_seconds=200,
     main_extra_seconds=30,
-    benchmark_seconds=150,
+    benchmark_seconds=180,
 )
 CPU_MODE = CheckMode(
     name="cpu",
@@ -196,6 +197,7 @@ def log_tail(path: str, lines: int = 8) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 TEST_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+SUMMARY_LINE = re.compile(r"^=+ .*\b(passed|failed|skipped|deselected|errors?)\b.* in [\d.]+s\b.*=+$")
 SKIP_LINE = re.compile(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$")
 
 
@@ -222,13 +224,20 @@ def count_tests(text: str) -> dict:
 def gpu_tests_step(mode: CheckMode, root: Path | None, folder: Path, env: dict) -> dict:
     if root is None:
         return {"status": "not run: no tests/ folder here (the gpu tests run from a clone)"}
-    command = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-v", "-rs", "-p", "no:cacheprovider"]
+    # no:logging: torch.compile's structured trace adds thousands of empty DEBUG records to each failure's report
+    command = [sys.executable, "-m", "pytest", "-m", "gpu and not slow", "tests", "-v", "-rs", "-p", "no:cacheprovider"]
+    command += ["-p", "no:logging"]
     failures = folder / "gpu_tests_failures.log"  # each failure's traceback as it happens (tests/conftest.py)
     failures.unlink(missing_ok=True)
     step = run_step(command, folder / "gpu_tests.log", mode.tests_seconds, {**env, FAILURES_FILE: str(failures)}, root)
     if step["returncode"] == 5:  # pytest: nothing collected (no test is marked gpu)
         step["status"] = "ok"
-    counted = count_tests(Path(step["log"]).read_text(errors="replace"))
+    text = Path(step["log"]).read_text(errors="replace")
+    if step["timed_out"] and any(SUMMARY_LINE.match(line) for line in text.splitlines()):
+        # Every test ran and pytest said so; its exit (compile workers, data-loading workers) outlasted the limit.
+        step["status"] = "ok (pytest printed its summary, then was stopped at the limit while exiting)"
+        step["timed_out"], step["stopped_exiting"] = False, True
+    counted = count_tests(text)
     return {**step, **counted, "tracebacks": failure_tracebacks(failures)}
 
 

@@ -81,23 +81,28 @@ def judged(ok: bool) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+TESTS_CHECK = 'gpu tests (pytest -m "gpu and not slow")'
+
+
 def gpu_tests_row(tests: dict) -> Row:
     """The `gpu` tests: fail where one failed, errored or the run timed out; pass where some passed; else n/a (all
     skipped, as on a CPU, or not run)."""
     goal = "all pass on a GPU"
     if tests.get("status", "").startswith("not run"):
-        return Row("gpu tests (pytest -m gpu)", tests["status"], goal, NOT_JUDGED)
+        return Row(TESTS_CHECK, tests["status"], goal, NOT_JUDGED)
     counts = {key: tests.get(key, 0) for key in ("passed", "failed", "errors", "skipped")}
     reads = ", ".join(f"{value} {key}" for key, value in counts.items())
     reasons = "; ".join(tests.get("skip_reasons", []))
     reads += f" (skipped: {reasons})" if reasons and counts["skipped"] else ""
     if tests.get("timed_out"):
         reads = f"timed out after {tests['limit_seconds']:g} s: {reads} by then"
+    elif tests.get("stopped_exiting"):
+        reads += " (pytest stopped at the limit while exiting, after its summary)"
     if counts["failed"] or counts["errors"] or tests.get("timed_out"):
         mark = FAIL
     else:
         mark = PASS if counts["passed"] else NOT_JUDGED
-    return Row("gpu tests (pytest -m gpu)", reads, goal, mark, counts)
+    return Row(TESTS_CHECK, reads, goal, mark, counts)
 
 
 def choice_row(results: dict | None, missing: str) -> Row:

@@ -16,8 +16,9 @@ Cases, for each model size:
   With `compile`, train_labels also times both forwards compiled (`torch.compile`, ours with `fullgraph=True`;
   compiled, ours takes the dense path: no padding skip, full logits).
 * greedy, beam4: generate() on `generation_batch` sources of 32 tokens, end-of-sentence suppressed so that every
-                 variant produces `new_tokens` tokens; eager (dynamic cache) and compiled (static cache,
-                 `torch.compile(forward)`); the tokens of every variant must equal ours eager.
+                 variant produces `new_tokens` tokens; eager (dynamic cache) and compiled (static cache, the
+                 decoding step compiled by generate() itself: transformers 5 compiles greedy search only, our
+                 model its beam search too); the tokens of every variant must equal ours eager.
                  `compile_warmup_seconds` is the compiled variant's first call minus its median call, and
                  `break_even_sentences` the sentences after which compiling has paid for itself.
                  `matrix_products` runs only the matrix products of the same generate() call (encoder, cross-attention
@@ -28,7 +29,8 @@ Cases, for each model size:
 * peak_memory:   the memory a train_labels step adds (CPU: the profiler's memory timeline in a fresh process; GPU:
                  peak allocated).
 
-Speeds are target tokens per second. Model FLOP utilisation divides the matrix-multiply FLOPs of the real (unpadded)
+On CUDA both models run SDPA without cuDNN's attention kernels, as the package trains and decodes
+(`utils/kernels.py`). Speeds are target tokens per second. Model FLOP utilisation divides the matrix-multiply FLOPs of the real (unpadded)
 tokens per second by a large matmul's, measured here.
 """
 
@@ -46,6 +48,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
+from ..utils.kernels import without_cudnn_attention
 from ..utils.machine import cpu_extensions, describe_machine
 from .config import DTYPES, GENERATION_CASES, TRAINING_CASES, BenchmarkConfig
 from .measure import in_fresh_process, time_in_turns
@@ -258,7 +261,7 @@ def run_benchmark(options: BenchmarkConfig) -> dict:
     # Each compiled variant adds graphs for the same forward code (training, prefill and decoding steps, per batch
     # shape): more than dynamo's default limit of 8, after which it would silently run eager.
     limit = max(torch._dynamo.config.recompile_limit, 64)
-    with torch._dynamo.config.patch(recompile_limit=limit):
+    with torch._dynamo.config.patch(recompile_limit=limit), without_cudnn_attention(options.device):
         return _run_benchmark(options)
 
 

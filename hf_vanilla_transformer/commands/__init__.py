@@ -10,7 +10,7 @@ average              average.py: the last checkpoints of a run averaged into a m
 push                 push.py: a model folder to the Hugging Face Hub
 plot-attention       plot_attention.py: attention maps of a sentence
 benchmark, deploy-benchmark, scale-benchmark   measurements, side by side (benchmarks/)
-gpu-check            gpu_check.py: the gpu tests, a 4-minute main job and the benchmark as one table (a CPU: scaled down)
+gpu-check            gpu_check.py: the gpu tests, a 3-minute main job and the benchmark as one table (a CPU: scaled down)
 configs              configs.py: the recipes and accelerate files shipped with the package, and where they are
 cli.py               the dispatcher (the console script's entry point)
 

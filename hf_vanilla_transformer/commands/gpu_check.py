@@ -1,7 +1,7 @@
-"""The GPU check: the `gpu` tests, a `--max_minutes 4` main job on the help corpus and the speed benchmark of base
-and big (bf16, SDPA, eager and compiled) against MarianMTModel, in under ten minutes, as one table with each row's
-goal and mark, also written as JSON. On a machine without a CUDA device the same steps run scaled down, in a few
-minutes, and say that the figures mean nothing.
+"""The GPU check: the `gpu` tests (but the slow ones), a `--max_minutes 3` main job on the help corpus and the speed
+benchmark of base and big (bf16, SDPA, eager and compiled) against MarianMTModel, in under ten minutes, as one table
+with each row's goal and mark, also written as JSON. On a machine without a CUDA device the same steps run scaled
+down, in a few minutes, and say that the figures mean nothing.
 
 Usage:
     vanilla-transformer gpu-check                                  # or: make gpu-check
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         default="auto",
         help="the main job's data: auto is the help corpus on a GPU, the clone's fixture pairs on a CPU",
     )
-    parser.add_argument("--max_minutes", type=float, help="the main job's budget (default: 4 on a GPU, 3 on a CPU)")
+    parser.add_argument("--max_minutes", type=float, help="the main job's budget (default: 3, on a GPU and on a CPU)")
     args = parser.parse_args(argv)
     try:
         report = run_gpu_check(CheckOptions(args.mode, args.corpus, args.output, args.output_dir, args.max_minutes))

@@ -11,6 +11,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.generation import CompileConfig
 
 from ..data.batching import inference_batches
+from ..utils.kernels import without_cudnn_attention
 from .metrics import compute_bleu
 
 
@@ -147,7 +148,10 @@ def translate(
     training = model.training
     model.eval()
     try:
-        return _translate(model, tokenizer, sentences, max_tokens, max_sentences, progress, compile, generate_kwargs)
+        with without_cudnn_attention(next(model.parameters()).device):  # a new key length at every step
+            return _translate(
+                model, tokenizer, sentences, max_tokens, max_sentences, progress, compile, generate_kwargs
+            )
     finally:
         model.train(training)
 

@@ -50,6 +50,21 @@ class RelativeMaxLengthCriteria(StoppingCriteria):
         return (input_ids.shape[1] - self.prompt_length) >= per_row  # (rows,)
 
 
+class CompiledDecodingSteps:
+    """The model as beam search's loop sees it: a call of it is a compiled decoding step, everything else (the first
+    pass, the beam-search hooks, the configuration) is the model's own."""
+
+    def __init__(self, model, step):
+        self._model = model
+        self._step = step
+
+    def __call__(self, *args, **kwargs):
+        return self._step(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+
 class VanillaTransformerGenerationMixin(GenerationMixin):
     """`GenerationMixin` with the length rules of §6.1 (see the module docstring)."""
 
@@ -123,12 +138,32 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         Every beam of a sentence attends to the same encoder output, so the cross-attention keys and values of its
         beams are identical rows and `beam_idx` (which picks beams within each sentence) would copy them onto
         themselves: decoder_layers x 2 tensors of (batch x beams, heads, source length, d_k) per step, for nothing.
+        A static layer is reordered in place: a compiled decoding step (CUDA graphs) reads its tensors at the
+        addresses it was captured with, where transformers' reorder would put new tensors and ask the host whether
+        the layer holds anything (a wait per layer and step).
         """
-        if isinstance(cache, EncoderDecoderCache):
-            cache.self_attention_cache.reorder_cache(beam_idx)
-        else:
-            cache.reorder_cache(beam_idx)
+        stored = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        for layer in stored.layers:
+            if not layer.is_compileable:
+                layer.reorder_cache(beam_idx)
+            elif layer.is_initialized:
+                rows = beam_idx.to(layer.keys.device)
+                layer.keys.copy_(layer.keys.index_select(0, rows))
+                layer.values.copy_(layer.values.index_select(0, rows))
         return cache
+
+    def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **kw):
+        """transformers' beam search with its decoding steps compiled wherever generate() would compile greedy
+        search's (a static cache and a `compile_config`, or an accelerator): transformers 5 compiles only greedy
+        search and sampling, and its beam search ran the static cache eagerly, slower than the dynamic one. The first
+        pass (which fills the cross-attention cache) stays eager, as in greedy search."""
+        if self._valid_auto_compile_criteria(kw, generation_config):
+            model = CompiledDecodingSteps(self, self.get_compiled_call(generation_config.compile_config))
+        else:
+            model = self
+        return GenerationMixin._beam_search(
+            model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **kw
+        )
 
     def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
         """Real (non-padding) source tokens per sentence: from the attention mask, else from the padding id, else the

@@ -26,8 +26,9 @@ from ..data.batching import TokenBudgetBatchSampler, evaluation_batches
 from ..model.inputs_vanilla_transformer import without_host_reads
 from ..utils.faults import moment
 from ..utils.files import disk_full, folder_bytes, is_disk_full
+from ..utils.kernels import without_cudnn_attention
 from ..utils.machine import release_mapped_pages
-from .budget.device import tf32_matmuls
+from .budget.device import cuda_kernels
 from .checkpoints import checkpoint_folders, mark_complete
 from .collapse import source_dependence
 
@@ -86,7 +87,7 @@ class TransformerTrainer(Seq2SeqTrainer):
 
     def train(self, *args, **kwargs):
         on_cuda = self.args.device.type == "cuda"
-        with tf32_matmuls(bool(self.args.tf32)) if on_cuda else contextlib.nullcontext():
+        with cuda_kernels(bool(self.args.tf32)) if on_cuda else contextlib.nullcontext():
             return super().train(*args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -141,7 +142,8 @@ class TransformerTrainer(Seq2SeqTrainer):
 
     def evaluate(self, *args, **kwargs):
         self._read_tokens_seen()  # the progress line's rates count tokens up to here
-        return super().evaluate(*args, **kwargs)
+        with without_cudnn_attention(self.args.device):  # a new key length at every decoding step
+            return super().evaluate(*args, **kwargs)
 
     def get_train_dataloader(self) -> DataLoader:
         if self.batch_sampler is None:

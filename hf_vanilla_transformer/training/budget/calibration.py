@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .device import forward_context, synchronizer, tf32_matmuls
+from .device import cuda_kernels, forward_context, synchronizer
 
 
 # A compiled training step is measured only where the run has this many minutes of training or more (or a given
@@ -313,7 +313,7 @@ class _Copy:
 
     def update(self, batch: dict) -> None:
         cuda = self.device.type == "cuda"
-        with tf32_matmuls(self.precision == "tf32") if cuda else contextlib.nullcontext():
+        with cuda_kernels(self.precision == "tf32") if cuda else contextlib.nullcontext():
             with forward_context(self.device, self.precision):
                 loss = self.forward(**batch).loss
             if self.scaler is not None:

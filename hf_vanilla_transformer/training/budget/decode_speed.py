@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from ...data.batching import inference_batches
-from .device import AUTOCAST, synchronizer, tf32_matmuls
+from .device import AUTOCAST, cuda_kernels, synchronizer
 
 
 @torch.no_grad()
@@ -44,7 +44,7 @@ def measure_decode_step(
     def seconds(new: int) -> float:
         synchronize()
         began = clock()
-        tf32 = tf32_matmuls(precision == "tf32") if device.type == "cuda" else contextlib.nullcontext()
+        tf32 = cuda_kernels(precision == "tf32") if device.type == "cuda" else contextlib.nullcontext()
         with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None), tf32:
             decoder.generate(**batch, num_beams=beams, do_sample=False, min_new_tokens=new, max_new_tokens=new)
         synchronize()

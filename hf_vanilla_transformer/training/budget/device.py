@@ -18,6 +18,7 @@ from transformers.utils import is_flash_attn_2_available
 from ...model.configuration_vanilla_transformer import VanillaTransformerConfig
 from ...model.inputs_vanilla_transformer import without_host_reads
 from ...model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from ...utils.kernels import without_cudnn_attention
 from ...utils.machine import cpu_has_fast_bf16
 
 
@@ -127,6 +128,14 @@ def tf32_matmuls(enabled: bool) -> Iterator[None]:
         yield
     finally:
         set_tf32(before)
+
+
+@contextlib.contextmanager
+def cuda_kernels(tf32: bool) -> Iterator[None]:
+    """The kernels an update or a decoding step runs with on CUDA, within the block: matrix products in TF32 or not
+    (`tf32_matmuls`), SDPA without cuDNN's attention (`utils/kernels.py`: a plan per batch shape)."""
+    with tf32_matmuls(tf32), without_cudnn_attention():
+        yield
 
 
 def set_tf32(enabled: bool) -> None:
