@@ -125,12 +125,15 @@ def test_compiled_decoding_steps_have_no_graph_break_and_give_the_eager_tokens(c
     assert torch.equal(generate(compiled_model, decoding, cache_implementation="static"), eager)
 
 
-@pytest.mark.parametrize("decoding", ["greedy", "sampling", pytest.param("beam_gnmt", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("decoding", ["greedy", "sampling", "beam_gnmt"])
 def test_transformers_own_compiled_decoding_gives_the_eager_tokens(decoding):
     """generate() compiles the decoding step itself when asked (a compilable cache and a `compile_config`; on a CPU
     `_compile_all_devices`), here with `fullgraph=True`; beam search too (the model's own `_beam_search`:
     transformers 5 compiles greedy search and sampling only), its steps counted through the compiled call, its
-    cache reordered in place (the addresses CUDA graphs captured)."""
+    cache reordered in place (the addresses CUDA graphs captured): one graph serves every step, and the first pass
+    stays eager."""
+    from torch._dynamo.utils import counters
+
     model = tiny_model(seed=2)
     config = CompileConfig(fullgraph=True, mode="default")
     config._compile_all_devices = True
@@ -142,9 +145,12 @@ def test_transformers_own_compiled_decoding_gives_the_eager_tokens(decoding):
         return lambda *args, **kwargs: steps.append(1) or step(*args, **kwargs)
 
     model.get_compiled_call = counted
+    torch._dynamo.reset()
+    counters.clear()
     with torch.no_grad():
         compiled = generate(model, decoding, cache_implementation="static", compile_config=config)
-    assert hasattr(model, "_compiled_call") and len(steps) >= compiled.shape[1] - 2, (len(steps), compiled.shape)
+    assert hasattr(model, "_compiled_call") and compiled.shape[1] - 2 <= len(steps) <= 11, (len(steps), compiled.shape)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])  # no recompile from step to step
     assert torch.equal(compiled, generate(model, decoding))
 
 

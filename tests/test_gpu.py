@@ -164,7 +164,7 @@ def gpu_recipe_run(tmp_path, *flags: str):
 
 def test_the_real_trainer_loop_waits_for_the_gpu_at_no_update(tmp_path):
     """From the 10th update to the 40th, with no log, checkpoint or validation in the run (each reads tensors back
-    on purpose: the second GPU run counted 4,554 waits in a checkpoint's optimizer state and 315 in a validation),
+    on purpose: the second GPU run counted 4,554 waits in a checkpoint's optimizer state and 627 in a validation),
     the Trainer with the GPU recipe's data loading reads nothing on the host: torch's sync debug mode reports every
     wait, and the test names where each was asked for. Its updates run SDPA without cuDNN's attention kernels."""
     from transformers import TrainerCallback

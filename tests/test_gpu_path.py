@@ -294,7 +294,7 @@ def test_an_install_of_flash_attention_that_cannot_run_here_does_not_agree():
     assert device_module.flash_attention_agrees.__wrapped__(torch.device("cpu")) is False
 
 
-def test_training_validation_and_translation_run_sdpa_without_cudnns_attention_on_cuda(monkeypatch):
+def test_training_validation_and_translation_run_sdpa_without_cudnns_attention_on_cuda(monkeypatch, tmp_path):
     """cuDNN's attention builds a plan per input shape (0.38-0.48 s an update of base at its first batch shape on an
     H200, 0.016 s more without it): the update, the decoding step's measurement, the Trainer's validation and
     `translate()` run SDPA without it on CUDA, and leave the setting as they found it; a CPU's is left alone."""
@@ -313,8 +313,27 @@ def test_training_validation_and_translation_run_sdpa_without_cudnns_attention_o
         with without_cudnn_attention("cpu"):
             assert torch.backends.cuda.cudnn_sdp_enabled() == before
     torch.backends.cuda.enable_cudnn_sdp(True)
-    seen = []
+    devices, seen = [], []
+
+    def as_if_on_cuda(device):  # the device the call names, with the block CUDA's would be
+        devices.append(torch.device(device).type)
+        return without_cudnn_attention("cuda")
+
     monkeypatch.setattr(translation, "_translate", lambda *args: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
-    monkeypatch.setattr(translation, "without_cudnn_attention", lambda device: without_cudnn_attention("cuda"))
+    monkeypatch.setattr(translation, "without_cudnn_attention", as_if_on_cuda)
     translation.translate(tiny_model(), None, ["a sentence"], progress=False)
-    assert seen == [False] and torch.backends.cuda.cudnn_sdp_enabled()
+    assert devices == ["cpu"] and seen == [False] and torch.backends.cuda.cudnn_sdp_enabled()
+    # The Trainer's validation, outside its training loop too (its decoding meets a new key length at every step).
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    from hf_vanilla_transformer.training import trainer as trainer_module
+
+    devices.clear(), seen.clear()
+    monkeypatch.setattr(trainer_module, "without_cudnn_attention", as_if_on_cuda)
+    monkeypatch.setattr(
+        Seq2SeqTrainer, "evaluate", lambda self, *a, **k: seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+    )
+    model = tiny_model()
+    arguments = Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    trainer_module.TransformerTrainer(model=model, args=arguments).evaluate()
+    assert devices == ["cpu"] and seen == [False] and torch.backends.cuda.cudnn_sdp_enabled()

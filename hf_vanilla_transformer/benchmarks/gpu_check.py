@@ -233,7 +233,8 @@ def gpu_tests_step(mode: CheckMode, root: Path | None, folder: Path, env: dict) 
     if step["returncode"] == 5:  # pytest: nothing collected (no test is marked gpu)
         step["status"] = "ok"
     text = Path(step["log"]).read_text(errors="replace")
-    if step["timed_out"] and any(SUMMARY_LINE.match(line) for line in text.splitlines()):
+    interrupted = "KeyboardInterrupt" in text or "!!! Interrupted" in text  # a summary of the tests run by then
+    if step["timed_out"] and not interrupted and any(SUMMARY_LINE.match(line) for line in text.splitlines()):
         # Every test ran and pytest said so; its exit (compile workers, data-loading workers) outlasted the limit.
         step["status"] = "ok (pytest printed its summary, then was stopped at the limit while exiting)"
         step["timed_out"], step["stopped_exiting"] = False, True

@@ -7,7 +7,7 @@ relatively by the modeling file, and copied beside it by `save_pretrained`.
 """
 
 import torch
-from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.cache_utils import Cache, CacheLayerMixin, EncoderDecoderCache, StaticLayer
 from transformers.generation import GenerationConfig, GenerationMixin, StoppingCriteria, StoppingCriteriaList
 
 from .inputs_vanilla_transformer import _check_ids
@@ -62,7 +62,15 @@ class CompiledDecodingSteps:
         return self._step(*args, **kwargs)
 
     def __getattr__(self, name: str):
+        if name in ("_model", "_step"):  # not set yet (a copy, a pickle): no endless lookup
+            raise AttributeError(name)
         return getattr(self._model, name)
+
+
+def _keys_and_values_only(layer) -> bool:
+    """Whether `layer` is a static cache layer whose only per-row state is its keys and values (transformers' static
+    and sliding-window layers), which beam search may reorder in place; other layers reorder themselves."""
+    return isinstance(layer, StaticLayer) and type(layer).reorder_cache is CacheLayerMixin.reorder_cache
 
 
 class VanillaTransformerGenerationMixin(GenerationMixin):
@@ -144,7 +152,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         """
         stored = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         for layer in stored.layers:
-            if not layer.is_compileable:
+            if not _keys_and_values_only(layer):
                 layer.reorder_cache(beam_idx)
             elif layer.is_initialized:
                 rows = beam_idx.to(layer.keys.device)
@@ -154,9 +162,10 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
 
     def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **kw):
         """transformers' beam search with its decoding steps compiled wherever generate() would compile greedy
-        search's (a static cache and a `compile_config`, or an accelerator): transformers 5 compiles only greedy
-        search and sampling, and its beam search ran the static cache eagerly, slower than the dynamic one. The first
-        pass (which fills the cross-attention cache) stays eager, as in greedy search."""
+        search's (`_valid_auto_compile_criteria`: a static cache, and an accelerator or a `compile_config` that
+        compiles on every device): transformers 5 compiles only greedy search and sampling, and its beam search ran
+        the static cache eagerly, slower than the dynamic one. The first pass (which fills the cross-attention
+        cache) stays eager, as in greedy search."""
         if self._valid_auto_compile_criteria(kw, generation_config):
             model = CompiledDecodingSteps(self, self.get_compiled_call(generation_config.compile_config))
         else:

@@ -7,6 +7,11 @@ without cuDNN (FlashAttention, memory-efficient attention) the first took 0.082 
 (`.gpu/diag_sdpa.py` of issue 39's second GPU run, 12 shapes each, medians). Training meets hundreds of batch shapes
 (664 on the help corpus), and eager decoding a new key length at every step, so cuDNN's plans cost more than its
 kernels save; the package runs SDPA without them (`without_cudnn_attention`).
+
+The setting is the process's, saved and restored around each block: two threads translating at once could leave it
+either way. A compiled graph keeps the kernel it was traced with (dynamo does not guard on this setting): a decoding
+step compiled inside the block serves a later `generate()` outside it, and the other way round; a compiled step meets
+one shape, so it pays one plan either way.
 """
 
 from __future__ import annotations
