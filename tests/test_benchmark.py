@@ -71,10 +71,10 @@ def test_benchmark_reports_every_case_and_ratio(tmp_path):
     assert set(figures["ratios"]["train_logits"]) == {"ours"}
     assert all(value > 0 for ratios in figures["ratios"].values() for value in ratios.values())
     assert 0 < figures["cases"]["train_labels"]["ours"]["mfu"] < 1
-    # The compile's cost is paid by the first compiled case; beam search then reuses its graphs, so its own first
-    # call costs less than greedy's.
-    greedy = figures["cases"]["greedy"]["ours_compiled"]["compile_warmup_seconds"]
-    assert greedy > 0.1 and figures["cases"]["beam4"]["ours_compiled"]["compile_warmup_seconds"] < greedy
+    # Each compiled decoding pays its compile at its first call: greedy search's step, and beam search's own (the
+    # model's `_beam_search`; its step runs on sentences x beams rows: 7.0 s against greedy's 1.1 s on a 2-core Zen 4).
+    for case in ("greedy", "beam4"):
+        assert figures["cases"][case]["ours_compiled"]["compile_warmup_seconds"] > 0.1, case
     assert "| toy | train_labels |" in result.stdout
 
 
