@@ -305,7 +305,7 @@ def test_training_validation_and_translation_run_sdpa_without_cudnns_attention_o
         torch.backends.cuda.enable_cudnn_sdp(before)
         with without_cudnn_attention("cuda"):
             assert not torch.backends.cuda.cudnn_sdp_enabled()
-        with device_module.cuda_kernels(tf32=False):
+        with device_module.cuda_kernels("cuda", tf32=False):
             assert not torch.backends.cuda.cudnn_sdp_enabled() and not device_module.tf32_in_effect()
         with pytest.raises(RuntimeError), without_cudnn_attention(torch.device("cuda", 0)):
             raise RuntimeError("an update that fails")

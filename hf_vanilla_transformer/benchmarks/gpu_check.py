@@ -221,6 +221,12 @@ def count_tests(text: str) -> dict:
     }
 
 
+def ran_every_test(text: str) -> bool:
+    """Whether a pytest output ends its run with the summary line (not one printed for an interrupted run)."""
+    interrupted = "KeyboardInterrupt" in text or "!!! Interrupted" in text
+    return not interrupted and any(SUMMARY_LINE.match(line) for line in text.splitlines())
+
+
 def gpu_tests_step(mode: CheckMode, root: Path | None, folder: Path, env: dict) -> dict:
     if root is None:
         return {"status": "not run: no tests/ folder here (the gpu tests run from a clone)"}
@@ -233,9 +239,7 @@ def gpu_tests_step(mode: CheckMode, root: Path | None, folder: Path, env: dict) 
     if step["returncode"] == 5:  # pytest: nothing collected (no test is marked gpu)
         step["status"] = "ok"
     text = Path(step["log"]).read_text(errors="replace")
-    interrupted = "KeyboardInterrupt" in text or "!!! Interrupted" in text  # a summary of the tests run by then
-    if step["timed_out"] and not interrupted and any(SUMMARY_LINE.match(line) for line in text.splitlines()):
-        # Every test ran and pytest said so; its exit (compile workers, data-loading workers) outlasted the limit.
+    if step["timed_out"] and ran_every_test(text):  # its exit (compile and data-loading workers) outlasted the limit
         step["status"] = "ok (pytest printed its summary, then was stopped at the limit while exiting)"
         step["timed_out"], step["stopped_exiting"] = False, True
     counted = count_tests(text)

@@ -33,6 +33,7 @@ DECODING_OVER_MARIAN = 2.0  # compiled greedy and beam-4 over MarianMTModel eage
 TRAINING_OVER_MARIAN = 1.3  # compiled training over MarianMTModel eager
 MARIAN_GOALS = f"compiled >= {DECODING_OVER_MARIAN:g}x decoding, {TRAINING_OVER_MARIAN:g}x training"
 BLEU_GOAL, BLEU_GOAL_MINUTES = 42.0, 26.0
+TESTS_CHECK = 'gpu tests (pytest -m "gpu and not slow")'
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,6 @@ def judged(ok: bool) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 # The rows
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-TESTS_CHECK = 'gpu tests (pytest -m "gpu and not slow")'
 
 
 def gpu_tests_row(tests: dict) -> Row:

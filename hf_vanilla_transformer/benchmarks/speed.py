@@ -30,8 +30,8 @@ Cases, for each model size:
                  peak allocated).
 
 On CUDA both models run SDPA without cuDNN's attention kernels, as the package trains and decodes
-(`utils/kernels.py`). Speeds are target tokens per second. Model FLOP utilisation divides the matrix-multiply FLOPs of the real (unpadded)
-tokens per second by a large matmul's, measured here.
+(`utils/kernels.py`). Speeds are target tokens per second. Model FLOP utilisation divides the matrix-multiply FLOPs
+of the real (unpadded) tokens per second by a large matmul's, measured here.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ each other (relatively); this `__init__` is not copied.
 `modeling_vanilla_transformer.py` is §3 of the paper; its siblings hold what the paper does not describe (the loss,
 the decoding rules, input checks, the padding skip, the pre-LN option, the tied-weight bookkeeping, the cache and
 masks, LayerNorm under autocast, the initialisation). `pipeline_vanilla_transformer.py` is `pipeline("translation")`,
-published beside the model by `sharing/hub.py`; `tokenization_vanilla_transformer.py` is the tokenizer of models converted from fairseq
-(`hf_vanilla_transformer.convert`), which the tokenizer's own `save_pretrained` copies beside them.
+published beside the model by `sharing/hub.py`; `tokenization_vanilla_transformer.py` is the tokenizer of models
+converted from fairseq (`hf_vanilla_transformer.convert`), which the tokenizer's own `save_pretrained` copies beside
+them.
 """
 
 from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig

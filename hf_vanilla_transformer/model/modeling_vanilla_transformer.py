@@ -6,8 +6,8 @@ computed for any length (§3.5), dropout as in §5.4 and label-smoothed loss (§
 
 What the paper describes lives here; what it does not (the loss, the §6.1 decoding rules, input checks, the padding
 skip, the pre-LN variant, the tied-weight bookkeeping, the decoding cache and masks, LayerNorm under CPU autocast,
-the initialisation) lives in the sibling `*_vanilla_transformer.py` files (docs/layout.md), imported relatively, so `save_pretrained`
-copies them and the folder loads with `trust_remote_code=True` without this package.
+the initialisation) lives in the sibling `*_vanilla_transformer.py` files (docs/layout.md), imported relatively, so
+`save_pretrained` copies them and the folder loads with `trust_remote_code=True` without this package.
 
 Shape legend: B batch, S source length, T target length (new tokens), P cached target length, H heads,
 D d_model, Dk / Dv per-head query-key / value size, F FFN inner size, V vocabulary.

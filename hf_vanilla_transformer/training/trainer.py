@@ -86,8 +86,7 @@ class TransformerTrainer(Seq2SeqTrainer):
         self.target_tokens_seen = 0  # in this session (not kept in checkpoints)
 
     def train(self, *args, **kwargs):
-        on_cuda = self.args.device.type == "cuda"
-        with cuda_kernels(bool(self.args.tf32)) if on_cuda else contextlib.nullcontext():
+        with cuda_kernels(self.args.device, bool(self.args.tf32)):
             return super().train(*args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):

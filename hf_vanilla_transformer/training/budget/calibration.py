@@ -23,7 +23,6 @@ itself is exactly the one `--max_steps N` would give with the same N.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import os
@@ -312,8 +311,7 @@ class _Copy:
         self.scaler = torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
 
     def update(self, batch: dict) -> None:
-        cuda = self.device.type == "cuda"
-        with cuda_kernels(self.precision == "tf32") if cuda else contextlib.nullcontext():
+        with cuda_kernels(self.device, self.precision == "tf32"):
             with forward_context(self.device, self.precision):
                 loss = self.forward(**batch).loss
             if self.scaler is not None:

@@ -7,7 +7,6 @@ measures a step's latency there, greedy and with the test's beams, and counts th
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from collections.abc import Callable
@@ -44,8 +43,8 @@ def measure_decode_step(
     def seconds(new: int) -> float:
         synchronize()
         began = clock()
-        tf32 = cuda_kernels(precision == "tf32") if device.type == "cuda" else contextlib.nullcontext()
-        with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None), tf32:
+        autocast = torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+        with autocast, cuda_kernels(device, precision == "tf32"):
             decoder.generate(**batch, num_beams=beams, do_sample=False, min_new_tokens=new, max_new_tokens=new)
         synchronize()
         return clock() - began

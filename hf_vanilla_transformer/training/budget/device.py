@@ -131,10 +131,14 @@ def tf32_matmuls(enabled: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def cuda_kernels(tf32: bool) -> Iterator[None]:
-    """The kernels an update or a decoding step runs with on CUDA, within the block: matrix products in TF32 or not
-    (`tf32_matmuls`), SDPA without cuDNN's attention (`utils/kernels.py`: a plan per batch shape)."""
-    with tf32_matmuls(tf32), without_cudnn_attention():
+def cuda_kernels(device: torch.device | str, tf32: bool) -> Iterator[None]:
+    """The kernels an update or a decoding step runs with on `device`, within the block: on CUDA matrix products in
+    TF32 or not (`tf32_matmuls`) and SDPA without cuDNN's attention (`utils/kernels.py`: a plan per batch shape);
+    elsewhere as they are (TF32's setting would reach oneDNN's matrix products on a CPU)."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    with tf32_matmuls(tf32), without_cudnn_attention(device):
         yield
 
 
