@@ -174,6 +174,83 @@ def test_beam_search_reorders_a_static_cache_in_place_and_leaves_the_cross_atten
     crossed = static.cross_attention_cache.layers
     assert all(torch.equal(layer.keys, kept) for layer, kept in zip(crossed, cross, strict=True))
 
+    # With `filled`, the positions from `filled` on stay where they are (not written yet in a decoding).
+    for layer in layers:
+        layer.keys[:, :, 2:] = torch.arange(3.0)[:, None, None, None]
+    before = [layer.keys.clone() for layer in layers]
+    model._reorder_cache(static, torch.tensor([1, 0, 0]), filled=2)
+    for layer, kept in zip(layers, before, strict=True):
+        assert torch.equal(layer.keys[:, :, :2], kept[[1, 0, 0], :, :2])
+        assert torch.equal(layer.keys[:, :, 2:], kept[:, :, 2:])
+
+
+def prefilled_cache(model, static: bool):
+    """A cache that already holds 3 target positions of every beam (4 beams of `padded_sources()`), as one that an
+    earlier call returned: generate() goes on from it."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
+
+    config = model.config
+    if static:
+        cache = EncoderDecoderCache(StaticCache(config, max_cache_len=24), StaticCache(config, max_cache_len=7))
+    else:
+        cache = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+    sources, mask = padded_sources()
+    start = config.decoder_start_token_id
+    with torch.no_grad():
+        model(
+            input_ids=sources.repeat_interleave(4, 0),
+            attention_mask=mask.repeat_interleave(4, 0),
+            decoder_input_ids=torch.tensor([[start, 5, 7]] * 12),
+            cache=cache,
+            use_cache=True,
+        )
+    return cache
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("prompt", ["start", "three tokens", "a cache holding three"])
+def test_beam_search_counts_the_positions_a_static_cache_holds_at_every_reorder(compiled, prompt):
+    """The reorder moves only the positions the decoding has written (`BeamSearchSteps` counts them on the host,
+    from the cache's own count at the first reorder): at every reorder the count equals the static layers' own (a
+    device tensor), from the start token, from a decoder prompt, or from a cache that held positions already (a
+    decoder prompt on top of them), eager or compiled, and the tokens and scores are the dynamic cache's."""
+    model = tiny_model(seed=2)
+    with torch.no_grad():
+        for parameter in model.parameters():  # scores far apart: a reorder that missed a position would show
+            parameter.mul_(3)
+    start = model.config.decoder_start_token_id
+    kwargs, dynamic_kwargs = {}, {}
+    if prompt != "start":
+        kwargs["decoder_input_ids"] = dynamic_kwargs["decoder_input_ids"] = torch.tensor([[start, 5, 6]] * 3)
+    if prompt == "a cache holding three":
+        kwargs["cache"] = prefilled_cache(model, static=True)
+        dynamic_kwargs["cache"] = prefilled_cache(model, static=False)
+    else:
+        kwargs["cache_implementation"] = "static"
+    if compiled:
+        config = CompileConfig(fullgraph=True, mode="default")
+        config._compile_all_devices = True
+        kwargs["compile_config"] = config
+    counts = []
+    reorder = model._reorder_cache
+
+    def counted(cache, beam_idx, filled=None):
+        layer = cache.self_attention_cache.layers[0]
+        counts.append((filled, int(layer.cumulative_length)))
+        return reorder(cache, beam_idx, filled=filled)
+
+    model._reorder_cache = counted
+    scored = dict(output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        static = generate(model, "beam_gnmt", **kwargs, **scored)
+    del model._reorder_cache
+    first = {"start": 1, "three tokens": 3, "a cache holding three": 6}[prompt]
+    assert len(counts) >= 4 and counts[0][0] == first, counts
+    assert all(filled == held for filled, held in counts), counts
+    dynamic = generate(model, "beam_gnmt", **dynamic_kwargs, **scored)
+    assert torch.equal(static.sequences, dynamic.sequences)
+    torch.testing.assert_close(static.sequences_scores, dynamic.sequences_scores, rtol=0, atol=1e-5)
+
 
 def test_a_compiled_model_still_refuses_bad_ids_once_per_generate_call(compiled_model):
     sources, mask = padded_sources()

@@ -72,6 +72,47 @@ def test_hf_length_penalty_is_still_available():
         model.generate(sources, length_penalty_type="linear")
 
 
+@pytest.mark.parametrize("trailing", [(), (9,), (2, 3)])
+def test_the_gather_of_beams_is_transformers_own(trailing):
+    """`_gather_beams` is one `gather` where transformers' `take_along_dim` also wraps negative indices: the same
+    beams for every shape beam search gathers (scores, hypotheses, per-layer states), and the same search."""
+    from transformers.generation import GenerationMixin
+
+    generator = torch.Generator().manual_seed(0)
+    beams = torch.randint(0, 8, (3, 5), generator=generator)
+    scores = torch.randn(3, 8, *trailing, generator=generator)
+    for tensor in (scores, scores > 0, (scores * 100).int(), (scores * 100).long()):  # scores, flags, indices, ids
+        ours = VanillaTransformerForConditionalGeneration._gather_beams(tensor, beams)
+        assert ours.dtype == tensor.dtype and torch.equal(ours, GenerationMixin._gather_beams(tensor, beams))
+    # An index of another shape (one row for every sentence) is transformers' own, broadcast.
+    one_row = beams[:1]
+    assert torch.equal(
+        VanillaTransformerForConditionalGeneration._gather_beams(scores, one_row),
+        GenerationMixin._gather_beams(scores, one_row),
+    )
+
+
+def test_beam_search_with_transformers_gather_gives_the_same_search(monkeypatch):
+    from transformers.generation import GenerationMixin
+
+    model = tiny_model(seed=3)
+    sources = random_ids(4, 6, seed=11)
+    sources[2, 4:] = PAD
+    kwargs = dict(
+        attention_mask=(sources != PAD).long(),
+        max_new_tokens=9,
+        num_return_sequences=2,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    ours = model.generate(sources, **kwargs)
+    monkeypatch.setattr(model, "_gather_beams", GenerationMixin._gather_beams)
+    reference = model.generate(sources, **kwargs)
+    assert torch.equal(ours.sequences, reference.sequences)
+    assert torch.equal(ours.sequences_scores, reference.sequences_scores)
+    assert torch.equal(ours.beam_indices, reference.beam_indices)
+
+
 def test_an_exhaustive_beam_finds_the_brute_force_best_under_gnmt():
     # Tokens 3, 4, 5 only (pad and bos suppressed), at most 3 new tokens: 1 + 3 + 9 sequences end with EOS and 27
     # stop at the length limit. A beam of 27 keeps every prefix alive, so beam search must find the best of all 40.

@@ -302,7 +302,7 @@ def test_beam_search_reorders_only_the_self_attention_cache_with_the_same_result
     lean = model.generate(ids, **kwargs)
     orders = []
 
-    def reorder_everything(cache, beam_idx):  # transformers' own: self- and cross-attention caches
+    def reorder_everything(cache, beam_idx, filled=None):  # transformers' own: self- and cross-attention caches
         orders.append(beam_idx.clone())
         cache.reorder_cache(beam_idx)
         return cache

@@ -50,21 +50,45 @@ class RelativeMaxLengthCriteria(StoppingCriteria):
         return (input_ids.shape[1] - self.prompt_length) >= per_row  # (rows,)
 
 
-class CompiledDecodingSteps:
-    """The model as beam search's loop sees it: a call of it is a compiled decoding step, everything else (the first
-    pass, the beam-search hooks, the configuration) is the model's own."""
+class BeamSearchSteps:
+    """The model as beam search's loop sees it: a call of it is a decoding step (compiled, where generate() compiles
+    one) that also counts the target positions the self-attention cache then holds, so that the reorder moves only
+    those (`_reorder_cache`'s `filled`); everything else (the first pass, the beam-search hooks, the configuration)
+    is the model's own.
+
+    The count is read from the cache at the first reorder (one wait for the device per `generate()` call: a cache the
+    caller passed may hold positions already) and then grows by each step's decoder input length, on the host.
+    """
 
     def __init__(self, model, step):
         self._model = model
         self._step = step
+        self._filled = None  # not known yet: read from the cache at the next reorder
 
     def __call__(self, *args, **kwargs):
+        new = kwargs.get("decoder_input_ids")
+        self._filled = self._filled + new.shape[1] if self._filled is not None and new is not None else None
         return self._step(*args, **kwargs)
 
+    def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor) -> Cache:
+        if self._filled is None:
+            self._filled = _static_positions_held(cache)
+        return self._model._reorder_cache(cache, beam_idx, filled=self._filled)
+
     def __getattr__(self, name: str):
-        if name in ("_model", "_step"):  # not set yet (a copy, a pickle): no endless lookup
+        if name in ("_model", "_step", "_filled"):  # not set yet (a copy, a pickle): no endless lookup
             raise AttributeError(name)
         return getattr(self._model, name)
+
+
+def _static_positions_held(cache: Cache) -> int | None:
+    """The most positions a static self-attention layer of `cache` holds (a read of each layer's count), or None
+    where it has no such layer."""
+    stored = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+    held = [
+        int(layer.cumulative_length) for layer in stored.layers if type(layer) is StaticLayer and layer.is_initialized
+    ]
+    return max(held) if held else None
 
 
 def _keys_and_values_only(layer) -> bool:
@@ -140,7 +164,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
             prompt_length = prompt.shape[1] + (0 if starts_right else 1)
         return RelativeMaxLengthCriteria(limits, prompt_length)
 
-    def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor) -> Cache:
+    def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor, filled: int | None = None) -> Cache:
         """Beam search: follow the surviving beams in the self-attention cache only.
 
         Every beam of a sentence attends to the same encoder output, so the cross-attention keys and values of its
@@ -148,7 +172,9 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         themselves: decoder_layers x 2 tensors of (batch x beams, heads, source length, d_k) per step, for nothing.
         A static layer is reordered in place: a compiled decoding step (CUDA graphs) reads its tensors at the
         addresses it was captured with, where transformers' reorder would put new tensors and ask the host whether
-        the layer holds anything (a wait per layer and step).
+        the layer holds anything (a wait per layer and step). With `filled` (at least the number of target positions
+        cached so far), only those positions of a static layer move: the others are not written yet, and a static
+        layer is as long as the longest translation allowed.
         """
         stored = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         for layer in stored.layers:
@@ -156,22 +182,43 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
                 layer.reorder_cache(beam_idx)
             elif layer.is_initialized:
                 rows = beam_idx.to(layer.keys.device)
-                layer.keys.copy_(layer.keys.index_select(0, rows))
-                layer.values.copy_(layer.values.index_select(0, rows))
+                # A sliding-window layer rolls its positions, so its filled ones are not a prefix.
+                length = filled if filled is not None and type(layer) is StaticLayer else layer.keys.shape[2]
+                for states in (layer.keys, layer.values):
+                    positions = states[:, :, :length]
+                    positions.copy_(positions.index_select(0, rows))
         return cache
+
+    @staticmethod
+    def _gather_beams(tensor: torch.Tensor, beam_indices: torch.Tensor) -> torch.Tensor:
+        """transformers' gather of whole beams, (batch, beams, ...) picked by `beam_indices` (batch, k), as one
+        `gather`: its `take_along_dim` also wraps negative indices (a `remainder` kernel per call, nine calls a
+        beam-search step), which beam indices never are. Any other shape of index goes to transformers' own."""
+        if beam_indices.dim() != 2 or beam_indices.shape[0] != tensor.shape[0]:
+            return GenerationMixin._gather_beams(tensor, beam_indices)
+        trailing = tensor.shape[2:]
+        index = beam_indices.view(*beam_indices.shape, *(1,) * len(trailing)).expand(*beam_indices.shape, *trailing)
+        return tensor.gather(1, index)
 
     def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **kw):
         """transformers' beam search with its decoding steps compiled wherever generate() would compile greedy
         search's (`_valid_auto_compile_criteria`: a static cache, and an accelerator or a `compile_config` that
         compiles on every device): transformers 5 compiles only greedy search and sampling, and its beam search ran
         the static cache eagerly, slower than the dynamic one. The first pass (which fills the cross-attention
-        cache) stays eager, as in greedy search."""
+        cache) stays eager, as in greedy search. The loop sees the model through `BeamSearchSteps`, which counts the
+        cached positions for the reorder."""
         if self._valid_auto_compile_criteria(kw, generation_config):
-            model = CompiledDecodingSteps(self, self.get_compiled_call(generation_config.compile_config))
+            step = self.get_compiled_call(generation_config.compile_config)
         else:
-            model = self
+            step = self.__call__
         return GenerationMixin._beam_search(
-            model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **kw
+            BeamSearchSteps(self, step),
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            synced_gpus,
+            **kw,
         )
 
     def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.Tensor | None:
