@@ -75,7 +75,8 @@ def test_hf_length_penalty_is_still_available():
 @pytest.mark.parametrize("trailing", [(), (9,), (2, 3)])
 def test_the_gather_of_beams_is_transformers_own(trailing):
     """`_gather_beams` is one `gather` where transformers' `take_along_dim` also wraps negative indices: the same
-    beams for every shape beam search gathers (scores, hypotheses, per-layer states), and the same search."""
+    beams for every shape and dtype beam search gathers (scores, flags, beam indices, hypotheses); the whole search
+    is the next test's."""
     from transformers.generation import GenerationMixin
 
     generator = torch.Generator().manual_seed(0)

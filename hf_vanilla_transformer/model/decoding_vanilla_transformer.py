@@ -66,8 +66,9 @@ class BeamSearchSteps:
         self._filled = None  # not known yet: read from the cache at the next reorder
 
     def __call__(self, *args, **kwargs):
-        new = kwargs.get("decoder_input_ids")
-        self._filled = self._filled + new.shape[1] if self._filled is not None and new is not None else None
+        if self._filled is not None:
+            new = kwargs.get("decoder_input_ids")  # always given in transformers 5.24; without it, read the cache again
+            self._filled = None if new is None else self._filled + new.shape[1]
         return self._step(*args, **kwargs)
 
     def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor) -> Cache:
@@ -85,10 +86,14 @@ def _static_positions_held(cache: Cache) -> int | None:
     """The most positions a static self-attention layer of `cache` holds (a read of each layer's count), or None
     where it has no such layer."""
     stored = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
-    held = [
-        int(layer.cumulative_length) for layer in stored.layers if type(layer) is StaticLayer and layer.is_initialized
-    ]
+    held = [int(layer.cumulative_length) for layer in stored.layers if _written_from_the_start(layer)]
     return max(held) if held else None
+
+
+def _written_from_the_start(layer) -> bool:
+    """Whether `layer` is transformers' plain static layer, holding its positions in order from the first, so that
+    the ones written are a prefix (a sliding-window layer rolls them), and is allocated."""
+    return type(layer) is StaticLayer and layer.is_initialized
 
 
 def _keys_and_values_only(layer) -> bool:
@@ -182,8 +187,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
                 layer.reorder_cache(beam_idx)
             elif layer.is_initialized:
                 rows = beam_idx.to(layer.keys.device)
-                # A sliding-window layer rolls its positions, so its filled ones are not a prefix.
-                length = filled if filled is not None and type(layer) is StaticLayer else layer.keys.shape[2]
+                length = filled if filled is not None and _written_from_the_start(layer) else layer.keys.shape[2]
                 for states in (layer.keys, layer.values):
                     positions = states[:, :, :length]
                     positions.copy_(positions.index_select(0, rows))
