@@ -159,6 +159,8 @@ FAILURES_FILE = "HF_VANILLA_TRANSFORMER_TEST_FAILURES"
 
 def pytest_runtest_logreport(report):
     path = os.environ.get(FAILURES_FILE)
-    if path and report.failed:
+    # Under pytest-xdist the controller receives each worker's reports and writes them: a worker writing too would
+    # write each failure twice.
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(f"=== failed test: {report.nodeid} ({report.when})\n{report.longreprtext}\n")

@@ -35,7 +35,7 @@ def test_the_gpu_recipe_chooses_among_the_papers_sizes_up_to_the_papers_batch(tm
     assert (recipe.preset, recipe.preset_choices) == ("big", "big,base,small")
     assert (recipe.max_tokens, recipe.max_tokens_choices) == (25000, "25000,12500,8192,4096")
     assert (recipe.precision, recipe.attn_implementation, recipe.compile_training) == ("auto", "auto", "auto")
-    assert (recipe.max_minutes, recipe.max_epochs, recipe.min_updates, recipe.dropout) == (26, 50, 6000, None)
+    assert (recipe.max_minutes, recipe.max_epochs, recipe.min_updates, recipe.dropout) == (26, 50, 2500, None)
     assert (args.warmup_steps, recipe.lr_scale, recipe.peak_learning_rate) == (4000, 1.0, None)
     assert not args.use_cpu and args.dataloader_num_workers == 4 and args.dataloader_persistent_workers
     assert not args.logging_nan_inf_filter  # the Trainer would read every update's loss on the host

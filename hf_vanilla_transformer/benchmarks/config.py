@@ -42,6 +42,9 @@ class BenchmarkConfig:
     repeats: int = 15
     warmup: int = 2
     compile: bool = True  # add the compiled variants
+    compile_peers: bool = True  # with compile: MarianMTModel's compiled variants too (else ours alone)
+    cases: list[str] = field(default_factory=lambda: [*TRAINING_CASES, *GENERATION_CASES])
+    matrix_products: bool = True  # the generation cases' floor of matrix products alone
     memory: bool = True  # measure peak_memory
 
     def __post_init__(self) -> None:
@@ -50,6 +53,9 @@ class BenchmarkConfig:
             raise ValueError(f"Unknown benchmark size(s) {unknown}; expected some of {sorted(SIZES)}.")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is invalid; expected one of {sorted(DTYPES)}.")
+        unknown = [case for case in self.cases if case not in (*TRAINING_CASES, *GENERATION_CASES)]
+        if unknown or not self.cases:
+            raise ValueError(f"cases={self.cases} is invalid; expected some of {[*TRAINING_CASES, *GENERATION_CASES]}.")
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError(f"repeats={self.repeats} and warmup={self.warmup}; expected repeats >= 1, warmup >= 0.")
 

@@ -1,15 +1,18 @@
-"""The GPU check (`vanilla-transformer gpu-check`, `make gpu-check`): whether the package works on this GPU, in under
-ten minutes on a fresh clone, before a day of training is committed to it. Each step is a subprocess under its own
-time limit, its output in a log file of the check's folder:
+"""The GPU check (`vanilla-transformer gpu-check`, `make gpu-check`): whether the package works on this GPU, in one
+run of at most nine minutes on a fresh clone, set-up included, before a day of training is committed to it. Each
+step is a subprocess under its own time limit, its output in a log file of the check's folder:
 
-1. the `gpu` tests but the slow ones (`pytest -m "gpu and not slow"` in the clone's tests/), passed, failed and
-   skipped counted from pytest's lines;
-2. the main job (`vanilla-transformer main --max_minutes 3`) on the LibreOffice help corpus, into the check's folder;
-3. the speed benchmark (`vanilla-transformer benchmark`) of base and big in bf16 with SDPA, eager and compiled, one
-   process per size, at the main job's batch, vocabulary and dropout (so that its training step is the main job's:
-   the main job runs before it for that reason; the issue's order is tests, benchmark, main job).
+1. the `gpu` tests but the slow ones (`pytest -m "gpu and not slow"` in the clone's tests/, in parallel worker
+   processes where pytest-xdist is installed), passed, failed and skipped counted from pytest's lines;
+2. the main job (`vanilla-transformer main`) on the LibreOffice help corpus, into the check's folder, with the time
+   left once the tests ran and the benchmark's share is set aside (`main_job_minutes`);
+3. the speed benchmark (`vanilla-transformer benchmark`) of base (eager and compiled) and big (eager) in bf16 with
+   SDPA, only the cases the table reads, one process per size, at the main job's batch, vocabulary and dropout (so
+   that its training step is the main job's: the main job runs before it for that reason).
 
-Then one table (`gpu_check_table.py`: each row, its goal and its mark) printed and written as JSON.
+Then one table (`gpu_check_table.py`: each row, its goal and its mark) printed, written as Markdown and as JSON in
+the check's folder with a copy of the main job's results.json (`scripts/gpu_check_offline.sh` runs all of it on an
+offline GPU machine and collects the folder).
 
 On a machine without a CUDA device (or `--mode cpu`) the same steps run scaled down to a few minutes on two cores,
 and the first line and the JSON say that the figures mean nothing: the gpu tests are collected and skipped, the main
@@ -20,7 +23,9 @@ its size ("toy") in fp32, eager only (compiling its six variants takes minutes t
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 import os
 import re
 import shlex
@@ -29,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -51,38 +56,46 @@ class CheckMode:
 
     name: str  # "gpu" or "cpu"
     device: str  # what the first line and the JSON say
-    max_minutes: float
+    max_minutes: float | None  # the main job's budget; None: the time the whole check's limit leaves it
     main_flags: tuple[str, ...]
     sizes: tuple[str, ...]  # the benchmark's; the main job's size is added where it is another
+    compiled_sizes: tuple[str, ...]  # the sizes whose compiled variants are timed too
     dtype: str
-    compile: bool
     benchmark_flags: tuple[str, ...]
     default_batch: int  # the benchmark's batch where the main job left no plan
     tests_seconds: int
+    test_workers: int  # pytest-xdist's worker processes where it is installed (0: one process)
     main_extra_seconds: int
     benchmark_seconds: int  # all sizes together
+    total_seconds: int | None = None  # the whole check, set-up included (None: each step its own limit)
 
     @property
     def torch_device(self) -> str:
         return "cuda" if self.name == "gpu" else "cpu"
 
 
-# On a GPU the limits add up to 9 minutes 50 seconds: tests 200, main job 180 + 30, benchmark 180. (On an H200,
-# 2026-11-27: the gpu tests but the slow plan test took 156 s, and pytest 10-20 s more to start and exit; the
-# benchmark of base, eager and compiled, 170 s with 3 repeats.)
+# On a GPU the whole check, set-up included, has 9 minutes: the tests at most 150 s (on an H200 the gpu tests but the
+# slow plan test took 156 s in one process, 2026-11-27: in 8 processes they take about the longest test), the
+# benchmark 170 s set aside (base eager and compiled with Marian eager, big eager: base alone took 170 s on the H200
+# with Marian's compiled variants and every case), the main job what is left (about 4.5 minutes).
 GPU_MODE = CheckMode(
     name="gpu",
     device="cuda",
-    max_minutes=3,
+    max_minutes=None,
     main_flags=(),
     sizes=("base", "big"),
+    compiled_sizes=("base",),
     dtype="bf16",
-    compile=True,
-    benchmark_flags=("--generation_batch", "64", "--repeats", "3", "--warmup", "1", "--memory", "false"),
+    benchmark_flags=(
+        *("--generation_batch", "64", "--repeats", "3", "--warmup", "1", "--memory", "false"),
+        *("--compile_peers", "false", "--matrix_products", "false", "--cases", "train_labels", "greedy", "beam4"),
+    ),
     default_batch=4096,
-    tests_seconds=200,
+    tests_seconds=150,
+    test_workers=8,
     main_extra_seconds=30,
-    benchmark_seconds=180,
+    benchmark_seconds=170,
+    total_seconds=540,
 )
 CPU_MODE = CheckMode(
     name="cpu",
@@ -93,16 +106,19 @@ CPU_MODE = CheckMode(
         *("--source_check", "warn", "--max_eval_samples", "10"),  # a tiny model in minutes does not read its source
     ),
     sizes=("toy",),
+    compiled_sizes=(),
     dtype="fp32",
-    compile=False,
     benchmark_flags=(
         *("--generation_batch", "4", "--new_tokens", "8", "--repeats", "3", "--warmup", "1", "--memory", "false"),
     ),
     default_batch=1024,
     tests_seconds=120,
+    test_workers=0,
     main_extra_seconds=60,
     benchmark_seconds=180,
 )
+MIN_MAIN_MINUTES = 2.0  # a main job given less is not started: its plan would leave no time to train
+SLACK_SECONDS = 10  # kept at the end of a check with a limit: the table, the JSON, the files collected
 
 
 def check_mode(mode: str = "auto") -> CheckMode:
@@ -196,7 +212,9 @@ def log_tail(path: str, lines: int = 8) -> str:
 # The three steps
 # ---------------------------------------------------------------------------------------------------------------------
 
-TEST_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+OUTCOMES = "PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS"
+TEST_LINE = re.compile(rf"^(?P<test>\S+::\S+) (?P<outcome>{OUTCOMES})\b")  # pytest -v in one process
+WORKER_LINE = re.compile(rf"^\[gw\d+\] \[\s*\d+%\] (?P<outcome>{OUTCOMES}) (?P<test>\S+::\S+)")  # pytest-xdist's
 SUMMARY_LINE = re.compile(r"^=+ .*\b(passed|failed|skipped|deselected|errors?)\b.* in [\d.]+s\b.*=+$")
 SKIP_LINE = re.compile(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$")
 
@@ -206,9 +224,10 @@ def count_tests(text: str) -> dict:
     the tests that failed."""
     outcomes: dict[str, str] = {}
     for line in text.splitlines():
-        found = TEST_LINE.match(line)
+        found = TEST_LINE.match(line) or WORKER_LINE.match(line)
         if found:  # a test's setup, call and teardown can each report: the worst one counts
-            outcomes[found[1]] = found[2] if outcomes.get(found[1]) not in ("FAILED", "ERROR") else outcomes[found[1]]
+            test, outcome = found["test"], found["outcome"]
+            outcomes[test] = outcome if outcomes.get(test) not in ("FAILED", "ERROR") else outcomes[test]
     values = list(outcomes.values())
     reasons = sorted({found[1] for line in text.splitlines() if (found := SKIP_LINE.match(line))})
     return {
@@ -232,7 +251,7 @@ def gpu_tests_step(mode: CheckMode, root: Path | None, folder: Path, env: dict) 
         return {"status": "not run: no tests/ folder here (the gpu tests run from a clone)"}
     # no:logging: torch.compile's structured trace adds thousands of empty DEBUG records to each failure's report
     command = [sys.executable, "-m", "pytest", "-m", "gpu and not slow", "tests", "-v", "-rs", "-p", "no:cacheprovider"]
-    command += ["-p", "no:logging"]
+    command += ["-p", "no:logging", *parallel_flags(mode.test_workers)]
     failures = folder / "gpu_tests_failures.log"  # each failure's traceback as it happens (tests/conftest.py)
     failures.unlink(missing_ok=True)
     step = run_step(command, folder / "gpu_tests.log", mode.tests_seconds, {**env, FAILURES_FILE: str(failures)}, root)
@@ -244,6 +263,15 @@ def gpu_tests_step(mode: CheckMode, root: Path | None, folder: Path, env: dict) 
         step["timed_out"], step["stopped_exiting"] = False, True
     counted = count_tests(text)
     return {**step, **counted, "tracebacks": failure_tracebacks(failures)}
+
+
+def parallel_flags(workers: int) -> list[str]:
+    """pytest's flags for `workers` worker processes (pytest-xdist) where it is installed and more than one is asked
+    for; else none (one process). The gpu tests spend most of their time compiling and starting processes, each on
+    the CPU: in parallel they take about the time of the longest."""
+    if workers <= 1 or importlib.util.find_spec("xdist") is None:
+        return []
+    return ["-n", str(workers)]
 
 
 def failure_tracebacks(path: Path, lines: int = 12) -> dict[str, str]:
@@ -275,10 +303,28 @@ def main_job_step(
     return {**step, "output_dir": str(output), "results_json": str(path) if results else None}, results
 
 
-def benchmark_step(mode: CheckMode, results: dict | None, folder: Path, env: dict) -> tuple[dict, dict, dict]:
+def main_job_minutes(mode: CheckMode, asked: float | None, seconds_left: float | None) -> float:
+    """The main job's budget: the minutes asked, else the mode's, else (a check with a limit on the whole) the time
+    left once the benchmark's share, the main job's own margin and the check's end are set aside, in tenths of a
+    minute. A ValueError where less than `MIN_MAIN_MINUTES` is left."""
+    if asked is not None or mode.max_minutes is not None or seconds_left is None:
+        return asked or mode.max_minutes or 3.0
+    spare = seconds_left - mode.benchmark_seconds - SLACK_SECONDS
+    minutes = math.floor(spare / 6) / 10
+    if minutes < MIN_MAIN_MINUTES:
+        raise ValueError(
+            f"{seconds_left:.0f} s are left of the check's {mode.total_seconds} s, {minutes:g} minutes for the main "
+            f"job after the benchmark's {mode.benchmark_seconds} s: less than {MIN_MAIN_MINUTES:g}."
+        )
+    return minutes
+
+
+def benchmark_step(
+    mode: CheckMode, results: dict | None, folder: Path, env: dict, seconds: float | None = None
+) -> tuple[dict, dict, dict]:
     """The benchmark, one process per size, at the main job's batch, vocabulary and dropout (else the mode's
-    defaults); the sizes share the mode's time limit in turn. Returns the step, each measured size's JSON and
-    why each other size has none."""
+    defaults), compiled where the mode compiles that size; the sizes share the mode's time limit (or `seconds`) in
+    turn. Returns the step, each measured size's JSON and why each other size has none."""
     plan, model = (results["plan"], results["model"]) if results else ({}, {})
     sizes = list(mode.sizes)
     trained = benchmark_size(plan.get("preset"))
@@ -290,19 +336,20 @@ def benchmark_step(mode: CheckMode, results: dict | None, folder: Path, env: dic
         "batch_tokens": plan.get("max_tokens") or mode.default_batch,
         "vocab_size": model.get("vocab_size") or 8000,
         "dropout": model.get("dropout", 0.1),
-        "compile": str(mode.compile).lower(),
     }
     flags = [f"--{name}={value}" for name, value in settings.items()]
-    deadline = time.monotonic() + mode.benchmark_seconds
+    limit = mode.benchmark_seconds if seconds is None else seconds
+    deadline = time.monotonic() + limit
     steps, measured, missing = {}, {}, {}
     for size in sizes:
         left = deadline - time.monotonic()
         if left < 5:
-            missing[size] = f"not run: the benchmark's {mode.benchmark_seconds} s were spent"
+            missing[size] = f"not run: the benchmark's {limit:.0f} s were spent"
             continue
         json_path = folder / f"benchmark_{size}.json"
         command = [sys.executable, "-m", "hf_vanilla_transformer", "benchmark", "--sizes", size, *flags]
-        command += [*mode.benchmark_flags, "--json", str(json_path)]
+        command += [f"--compile={str(size in mode.compiled_sizes).lower()}", *mode.benchmark_flags]
+        command += ["--json", str(json_path)]
         steps[size] = run_step(command, folder / f"benchmark_{size}.log", left, env)
         if steps[size]["status"] != "ok":
             missing[size] = f"the benchmark {steps[size]['status']}"
@@ -312,6 +359,7 @@ def benchmark_step(mode: CheckMode, results: dict | None, folder: Path, env: dic
             measured[size] = json.loads(json_path.read_text())
     failed = [size for size in steps if steps[size]["status"] != "ok"]
     status = f"failed for {', '.join(failed)}" if failed else "ok"
+    settings["compiled_sizes"] = [size for size in sizes if size in mode.compiled_sizes]
     return {"status": status, "settings": settings, "sizes": steps, "not_run": missing}, measured, missing
 
 
@@ -324,9 +372,10 @@ def benchmark_step(mode: CheckMode, results: dict | None, folder: Path, env: dic
 class CheckOptions:
     mode: str = "auto"
     corpus: str = "auto"
-    output: str = "gpu_check.json"
+    output: str | None = None  # the JSON (default: gpu_check.json in the check's folder)
     output_dir: str | None = None  # default: a new folder in the system's temporary folder
-    max_minutes: float | None = None  # the main job's budget (default: the mode's)
+    max_minutes: float | None = None  # the main job's budget (default: the mode's, or the time left)
+    started_at: float | None = None  # when the check began, set-up included (time.time(); default: now)
 
 
 def step_environment(mode: CheckMode) -> dict:
@@ -349,12 +398,13 @@ def say_step(number: int, what: str, step: dict, summary: str = "") -> None:
 
 
 def run_gpu_check(options: CheckOptions) -> dict:
-    """Run the three steps, print the table, write the JSON; returns what the JSON holds."""
-    started = time.monotonic()
+    """Run the three steps, print the table, write the table and the JSON into the check's folder (and the JSON to
+    `options.output`); returns what the JSON holds."""
+    started = time.monotonic() - (time.time() - options.started_at if options.started_at else 0.0)
     mode = check_mode(options.mode)
     if options.max_minutes is not None and options.max_minutes <= 0:
         raise ValueError(f"max_minutes={options.max_minutes} is invalid; expected a number of minutes above 0.")
-    mode = replace(mode, max_minutes=options.max_minutes or mode.max_minutes)
+    deadline = started + mode.total_seconds if mode.total_seconds and options.max_minutes is None else None
     root = repository_root()
     data, corpus = corpus_flags(mode, options.corpus, root)
     folder = Path(options.output_dir or tempfile.mkdtemp(prefix="gpu-check-"))
@@ -363,12 +413,21 @@ def run_gpu_check(options: CheckOptions) -> dict:
     # The GPU is named at the end: naming it here would hold a CUDA context in this process while the steps run.
     where = f"{torch.cuda.device_count()} CUDA device(s)" if mode.name == "gpu" else describe_machine("cpu")
     print(f"GPU check on {mode.device}; {where}", flush=True)
-    print(f"  main job: {mode.max_minutes:g} minutes on {corpus}; logs and the model folder in {folder}", flush=True)
+    limit = f"{mode.total_seconds / 60:g} minutes in all, set-up included" if deadline else "each step its own limit"
+    print(f"  {limit}; on {corpus}; logs and the model folder in {folder}", flush=True)
     tests = gpu_tests_step(mode, root, folder, env)
     say_step(1, "gpu tests", tests, ", ".join(f"{tests.get(k, 0)} {k}" for k in ("passed", "failed", "skipped")))
-    main, results = main_job_step(mode, data, mode.max_minutes, folder, env)
+    left = deadline - time.monotonic() if deadline else None
+    try:
+        minutes = main_job_minutes(mode, options.max_minutes, left)
+    except ValueError as error:
+        main, results, minutes = {"status": f"failed (not started: {error})"}, None, None
+    else:
+        print(f"  the main job: {minutes:g} minutes" + (f" (of {left:.0f} s left)" if left else ""), flush=True)
+        main, results = main_job_step(mode, data, minutes, folder, env)
     say_step(2, "main job", main, f"results in {main['results_json']}" if results else "no results.json")
-    benchmark, measured, missing = benchmark_step(mode, results, folder, env)
+    seconds = max(0.0, deadline - time.monotonic() - SLACK_SECONDS) if deadline else None
+    benchmark, measured, missing = benchmark_step(mode, results, folder, env, seconds)
     say_step(3, "benchmark", benchmark, f"sizes {', '.join(measured) or 'none'} measured")
     why = f"the main job {main['status']} and left no results.json"
     rows = check_rows(CheckOutputs(tests, results, why, measured, missing))
@@ -378,16 +437,31 @@ def run_gpu_check(options: CheckOptions) -> dict:
         "machine": describe_machine(mode.torch_device),
         "corpus": corpus,
         "folder": str(folder),
+        "main_job_minutes": minutes,
         "steps": {"gpu_tests": tests, "main_job": main, "benchmark": benchmark},
         "rows": [asdict(row) for row in rows],
         "seconds": time.monotonic() - started,
     }
     heading = f"GPU check on {mode.device}, {report['machine']}, {report['seconds'] / 60:.1f} minutes"
-    print(f"\n{heading}:\n\n{render_table(rows)}", flush=True)
-    Path(options.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(options.output).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nwritten to {options.output}", flush=True)
+    table = f"{heading}:\n\n{render_table(rows)}"
+    print(f"\n{table}", flush=True)
+    write_outputs(folder, report, table, results, options.output)
     return report
+
+
+def write_outputs(folder: Path, report: dict, table: str, results: dict | None, output: str | None) -> None:
+    """The check's folder holds what a reader needs without the model: the table (gpu_check.md), the JSON
+    (gpu_check.json, also written to `output` where given), the failures' tracebacks (gpu_tests_failures.log, where a
+    test failed) and the main job's results.json (main_job_results.json)."""
+    text = json.dumps(report, indent=2) + "\n"
+    (folder / "gpu_check.md").write_text(table + "\n")
+    (folder / "gpu_check.json").write_text(text)
+    if results is not None:
+        (folder / "main_job_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if output:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(text)
+    print(f"\nwritten to {folder / 'gpu_check.json'}" + (f" and {output}" if output else ""), flush=True)
 
 
 def exit_status(report: dict) -> int:

@@ -1,18 +1,18 @@
 """The GPU check's table: each row computed from what the check's steps wrote (the gpu tests' report, the main job's
-`results.json`, the speed benchmark's JSON per size), with its goal from issue 39 and a mark: pass, fail, or n/a
-(no figure to judge, or a row with no goal of its own). Pure functions of those outputs; `gpu_check.py` runs the
+`results.json`, the speed benchmark's JSON per size), with its goal from issues 39 and 50 and a mark: pass, fail, or
+n/a (no figure to judge, or a row with no goal of its own). Pure functions of those outputs; `gpu_check.py` runs the
 steps.
 
-The goals (docs/gpu.md, "The GPU check"):
+The goals (docs/gpu.md, "The GPU check"), for the check's main job (the time its nine minutes leave, about five):
 
-* the main job trains in bf16, with base or big in the 26-minute main job (a shorter run reaches the plan's
-  6,000 updates with neither: its size is said, not judged);
-* the plan's seconds per update within 10% of the Trainer's measured ones;
+* the plan costs at most 45 seconds and chooses bf16 and base or big;
+* the plan's seconds per update within 10% of the Trainer's measured ones, over at least 200 updates;
 * the main job's training tokens/s at least 80% of the benchmark's training step of the same model, batch and dtype;
-* compiled greedy and beam-4 decoding at least 2x MarianMTModel eager; compiled training at least 1.3x;
+* compiled greedy and beam-4 decoding at least 2x MarianMTModel eager; compiled training at least 1.3x (base; big
+  measured);
 * the source check's last gain at least its own threshold (0.1 nats per token), where that validation came after
   the warmup (as the check itself judges);
-* test BLEU at least 42 in the 26-minute main job: a shorter run's BLEU is said beside that goal, not judged.
+* test BLEU at least 40 on the help corpus's test split.
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ PASS, FAIL, NOT_JUDGED = "pass", "fail", "n/a"
 
 CHOSEN_PRECISION = "bf16"
 CHOSEN_PRESETS = ("base", "big")
+PLAN_SECONDS = 45.0  # the main job's plan (calibration, the Trainer's trial) at most
 PLAN_TOLERANCE = 0.10  # |planned / measured - 1|
+PLAN_UPDATES = 200  # ... over at least this many of the Trainer's updates
 TRAINER_SHARE = 0.80  # the main job's training tokens/s over the benchmark's step
 DECODING_OVER_MARIAN = 2.0  # compiled greedy and beam-4 over MarianMTModel eager
 TRAINING_OVER_MARIAN = 1.3  # compiled training over MarianMTModel eager
 MARIAN_GOALS = f"compiled >= {DECODING_OVER_MARIAN:g}x decoding, {TRAINING_OVER_MARIAN:g}x training"
-BLEU_GOAL, BLEU_GOAL_MINUTES = 42.0, 26.0
+BLEU_GOAL = 40.0  # the check's main job on the help corpus's test split
 TESTS_CHECK = 'gpu tests (pytest -m "gpu and not slow")'
 
 
@@ -114,17 +116,28 @@ def choice_row(results: dict | None, missing: str) -> Row:
         f"{figures['preset']}, {figures['precision']}, {figures['attn_implementation']}, "
         f"{figures['max_tokens']:,} tokens x {figures['gradient_accumulation_steps']} per update"
     )
-    minutes = plan.get("max_minutes")
-    sized = full_length(minutes)  # the plan's rule picks base or big there
-    if not sized:
-        reads += f" (the size not judged in {run_length(minutes)})"
-    ok = figures["precision"] == CHOSEN_PRECISION and (figures["preset"] in CHOSEN_PRESETS or not sized)
+    if plan.get("max_minutes"):
+        reads += f" in {run_length(plan['max_minutes'])}"
+    ok = figures["precision"] == CHOSEN_PRECISION and figures["preset"] in CHOSEN_PRESETS
     return Row("main job: size, precision, attention, batch", reads, goal, judged(ok), figures)
 
 
+def plan_cost_row(results: dict | None, missing: str) -> Row:
+    """The plan's own seconds (the calibration of every choice, the decoding steps, the Trainer's trial), as the run
+    recorded its set-up stage."""
+    check, goal = "main job: the plan's seconds", f"<= {PLAN_SECONDS:g} s"
+    if results is None:
+        return Row(check, f"n/a: {missing}", goal, NOT_JUDGED)
+    seconds = ((results.get("setup") or {}).get("plan") or {}).get("seconds")
+    if seconds is None:
+        return Row(check, "n/a: results.json has no plan stage", goal, NOT_JUDGED)
+    reads = f"{seconds:.1f} s"
+    return Row(check, reads, goal, judged(seconds <= PLAN_SECONDS), {"seconds": seconds})
+
+
 def update_time_row(results: dict | None, missing: str) -> Row:
-    """The plan's seconds per update (new shapes paid) against the Trainer's measured ones."""
-    check, goal = "seconds per update: planned / measured", f"within {PLAN_TOLERANCE:.0%}"
+    """The plan's seconds per update (new shapes paid) against the Trainer's measured ones, over enough updates."""
+    check, goal = "seconds per update: planned / measured", f"within {PLAN_TOLERANCE:.0%} over {PLAN_UPDATES}+ updates"
     if results is None:
         return Row(check, f"n/a: {missing}", goal, NOT_JUDGED)
     plan = results["plan"]
@@ -133,9 +146,13 @@ def update_time_row(results: dict | None, missing: str) -> Row:
     if not planned or not measured:
         return Row(check, f"n/a: results.json has planned {planned} and measured {measured}", goal, NOT_JUDGED)
     ratio = planned / measured
-    figures = {"planned": planned, "measured": measured, "ratio": ratio}
+    updates = (results.get("training") or {}).get("steps")
+    figures = {"planned": planned, "measured": measured, "ratio": ratio, "updates": updates}
     reads = f"{planned:.4f} / {measured:.4f} s = {ratio:.2f}"
-    return Row(check, reads, goal, judged(abs(ratio - 1) <= PLAN_TOLERANCE), figures)
+    enough = updates is None or updates >= PLAN_UPDATES  # (older results.json: the count not recorded)
+    if updates is not None:
+        reads += f" over {updates:,} updates" + ("" if enough else f" (fewer than {PLAN_UPDATES})")
+    return Row(check, reads, goal, judged(abs(ratio - 1) <= PLAN_TOLERANCE and enough), figures)
 
 
 def training_speed_row(outputs: CheckOutputs) -> Row:
@@ -227,20 +244,13 @@ def source_gain_row(results: dict | None, missing: str) -> Row:
 
 
 def bleu_row(results: dict | None, missing: str) -> Row:
-    """Test BLEU: judged against the goal in a run of the goal's length or more, else said beside it."""
-    goal = f">= {BLEU_GOAL:g} in the {BLEU_GOAL_MINUTES:g}-minute main job"
+    """Test BLEU against the goal, the run's length said beside it."""
+    goal = f">= {BLEU_GOAL:g}"
     if results is None:
         return Row("test BLEU", f"n/a: {missing}", goal, NOT_JUDGED)
     bleu, minutes = results["test"]["bleu"], results["plan"].get("max_minutes")
     figures = {"bleu": bleu, "max_minutes": minutes}
-    if not full_length(minutes):
-        return Row("test BLEU", f"{bleu:.2f} after {run_length(minutes)} (not judged)", goal, NOT_JUDGED, figures)
     return Row("test BLEU", f"{bleu:.2f} after {run_length(minutes)}", goal, judged(bleu >= BLEU_GOAL), figures)
-
-
-def full_length(minutes: float | None) -> bool:
-    """Whether a main job of `minutes` (None: a given length) is long enough for the goals of the 26-minute one."""
-    return minutes is not None and minutes >= BLEU_GOAL_MINUTES
 
 
 def run_length(minutes: float | None) -> str:
@@ -250,7 +260,8 @@ def run_length(minutes: float | None) -> str:
 def check_rows(outputs: CheckOutputs) -> list[Row]:
     """The table, top to bottom."""
     results, missing = outputs.results, outputs.results_missing
-    rows = [gpu_tests_row(outputs.tests), choice_row(results, missing), update_time_row(results, missing)]
+    rows = [gpu_tests_row(outputs.tests), choice_row(results, missing), plan_cost_row(results, missing)]
+    rows.append(update_time_row(results, missing))
     rows.append(training_speed_row(outputs))
     for size, benchmark in outputs.benchmarks.items():
         rows += marian_rows(size, benchmark)

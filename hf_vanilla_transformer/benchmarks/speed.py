@@ -169,12 +169,12 @@ def benchmark_training(size: str, models: dict, options: BenchmarkConfig, peak: 
     tokens = int((inputs["labels"] != -100).sum())
     flops = training_flops(config, inputs)
     results = {}
-    for case in TRAINING_CASES:
+    for case in [case for case in TRAINING_CASES if case in options.cases]:
         steps = {}
         for name, model in models.items():
             model.train()
             steps[name] = make_step(name, case, model, make_optimizer(model), inputs, options)
-            if options.compile and case == "train_labels":
+            if compiles(name, options) and case == "train_labels":
                 steps[f"{name}_compiled"] = make_step(
                     f"{name}_compiled", case, model, make_optimizer(model), inputs, options
                 )
@@ -188,12 +188,15 @@ def benchmark_generation(size: str, models: dict, options: BenchmarkConfig) -> d
     inputs = generation_inputs(options)
     results = {}
     for case, beams in zip(GENERATION_CASES, (1, 4), strict=True):
+        if case not in options.cases:
+            continue
         runs = {}
         for name, model in models.items():
             runs[name] = make_generate(model.eval(), inputs, beams, False, options)
-            if options.compile:
+            if compiles(name, options):
                 runs[f"{name}_compiled"] = make_generate(model, inputs, beams, True, options)
-        runs["matrix_products"] = make_matrix_products(models["ours"], inputs, beams, options)
+        if options.matrix_products:
+            runs["matrix_products"] = make_matrix_products(models["ours"], inputs, beams, options)
         outputs, first = {}, {}
         for name, run in runs.items():  # the first call of each variant: the compiled ones compile here
             start = time.perf_counter()
@@ -211,6 +214,11 @@ def benchmark_generation(size: str, models: dict, options: BenchmarkConfig) -> d
                 add_break_even(results[case], name, options.generation_batch)
         report(size, case, results[case])
     return results
+
+
+def compiles(name: str, options: BenchmarkConfig) -> bool:
+    """Whether the variant `name` ("ours", "marian") is also timed compiled."""
+    return options.compile and (name == "ours" or options.compile_peers)
 
 
 def token_agreement(size: str, case: str, outputs: dict, options: BenchmarkConfig) -> dict[str, float]:
@@ -274,10 +282,16 @@ def _run_benchmark(options: BenchmarkConfig) -> dict:
         "matmul_flops_per_second": matmul_peak(options),
         "sizes": {},
     }
+    training = any(case in TRAINING_CASES for case in options.cases)
     for size in options.sizes:
-        cases = benchmark_training(size, build_models(size, options), options, results["matmul_flops_per_second"])
+        cases = (
+            benchmark_training(size, build_models(size, options), options, results["matmul_flops_per_second"])
+            if training
+            else {}
+        )
         # Fresh twins for generation: training steps have moved the two models' weights apart.
-        cases.update(benchmark_generation(size, build_models(size, options), options))
+        if any(case in GENERATION_CASES for case in options.cases):
+            cases.update(benchmark_generation(size, build_models(size, options), options))
         figures = {case: result.variants for case, result in cases.items()}
         ratios = {
             case: {

@@ -163,11 +163,23 @@ class Calibration:
         measurement.measured = {f"{name}@{sizes[0]}": t.steady for name, t in timings.items() if not t.failure}
         if key in timings:
             measurement.per_size[sizes[0]] = timings[key]
-        for size in sizes[1:] if every_size else []:
-            measurement.per_size[size] = measure(size, [chosen])[key]
-            measurement.measured[f"{key}@{size}"] = measurement.per_size[size].steady
         if True in lists[2]:
             torch._dynamo.reset()  # the copies' graphs go: the Trainer's compile starts afresh, within dynamo's limits
+        return self.extend(model, measurement, sizes[1:]) if every_size else measurement
+
+    def extend(self, model: torch.nn.Module, measurement: Measurement, sizes: Iterable[int]) -> Measurement:
+        """`measurement` with its chosen candidate timed at each of `sizes` it has no time for yet (each size on
+        batches of shapes of its own), on copies of `model`."""
+        key = candidate_key(*measurement.fixed)
+        for size in [size for size in sizes if size not in measurement.per_size]:
+            batches = self.batches(size, SAMPLE_BATCHES, set())
+            timing = measure_updates(
+                model, batches, [measurement.fixed], self.optimizer, self.device, compile_mode=self.compile_mode
+            )[key]
+            measurement.per_size[size] = timing
+            measurement.measured[f"{key}@{size}"] = timing.steady
+        if measurement.compiled:
+            torch._dynamo.reset()
         return measurement
 
     def choices_lists(self) -> tuple[list[str], list[str | None], list[bool]]:

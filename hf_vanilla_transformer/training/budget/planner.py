@@ -251,26 +251,53 @@ class Planner:
         return replace(plan, switched_from=restart.switched_from) if restart is not None else plan
 
     def choose(self, model, known: Measurement | None, ratio: float) -> tuple[str, BudgetFit]:
-        """(size, fit): each model size in turn, largest first (measured the first time: its precision, attention,
-        compilation and the time of a batch at each batch size, ranked by the time per update of a run of what fits
-        the budget, new shapes paid; a smaller size keeps the choices measured on the first; a run switched to
-        another choice knows its time, the Trainer's, already), its times times `ratio`; the first whose fit
-        reaches `min_updates`, else the last."""
+        """(size, fit): each model size in turn, largest first, its times times `ratio`; the first whose fit
+        reaches `min_updates`, else the last. A size is measured the first time it is met (`measure_size`): a run
+        switched to another choice knows its time, the Trainer's, already."""
         for index, preset in enumerate(self.presets):
+            last = index == len(self.presets) - 1
             if preset not in self.measured:
-                sized = model if index == 0 else self.build(preset)
-                fixed = next(iter(self.measured.values()))[1].fixed if self.measured else None
-                measurement = known or self.calibration(sized).measure(
-                    sized, self.sizes, every_size=True, fixed=fixed, rank=self.rank
-                )
-                checkpoint = measure_checkpoint_seconds(sized) if self.rules.checkpoints else 0.0
-                self.measured[preset] = (sized, measurement, checkpoint, self.measure_decoding(sized, measurement))
-            _, measurement, checkpoint, decoding = self.measured[preset]
+                self.measured[preset] = self.measure_size(model if index == 0 else self.build(preset), known)
+            sized, measurement, checkpoint, decoding = self.measured[preset]
+            if not last and not self.may_reach(measurement, ratio):
+                continue  # not even at its smallest batch, with nothing else paid: no need to measure it further
+            if decoding is None:  # measured at its smallest batch only: the rest now
+                self.measured[preset] = self.measure_size(sized, known, measurement)
+                _, measurement, checkpoint, decoding = self.measured[preset]
             self.rules = replace(self.rules, step_seconds=decoding[0], greedy_step_seconds=decoding[1])
             fit = self.fit(measurement.per_size, ratio, checkpoint)
-            if fit.enough or index == len(self.presets) - 1:
+            if fit.enough or last:
                 return preset, fit
         raise AssertionError("no preset to choose from")
+
+    def measure_size(self, sized, known: Measurement | None, screened: Measurement | None = None) -> tuple:
+        """(model, measurement, checkpoint seconds, decoding step seconds) of one model size. The first size measured
+        chooses the precision, attention and compilation, the others keep them. Measured in two steps where several
+        sizes are open: first at the smallest batch size alone (the most updates a size can give: a size that
+        reaches no `min_updates` there is not measured further, its decoding left None), then at every other batch
+        size, with a checkpoint and a decoding step. A run that starts again knows its time."""
+        if known is not None:
+            return sized, known, self.checkpoint_seconds(sized), self.measure_decoding(sized, known)
+        if screened is None:
+            fixed = next(iter(self.measured.values()))[1].fixed if self.measured else None
+            calibration = self.calibration(sized)
+            screened = calibration.measure(sized, self.sizes[-1:], every_size=True, fixed=fixed, rank=self.rank)
+            if len(self.presets) > 1:
+                return sized, screened, 0.0, None
+        measurement = self.calibration(sized).extend(sized, screened, self.sizes)
+        return sized, measurement, self.checkpoint_seconds(sized), self.measure_decoding(sized, measurement)
+
+    def checkpoint_seconds(self, sized) -> float:
+        return measure_checkpoint_seconds(sized) if self.rules.checkpoints else 0.0
+
+    def may_reach(self, measurement: Measurement, ratio: float) -> bool:
+        """Whether a size measured at the smallest batch size could reach `min_updates` there with no checkpoint,
+        validation decoding or test decoding paid (the bound that spares measuring the other batch sizes of a size
+        too slow for the budget)."""
+        smallest = self.sizes[-1]
+        timing = self.update_timing(measurement.per_size[smallest], smallest, ratio)
+        unmeasured = replace(self.rules, step_seconds=0.0, greedy_step_seconds=0.0)
+        return self.updates_for_budget(smallest, timing, 0.0, unmeasured).enough
 
     def trainer_ratio(self, preset: str, fit: BudgetFit) -> tuple[float, list[str], TrainerTrial | None]:
         """(the real Trainer's seconds per update of the chosen size and batch on the run's batches over the
@@ -328,10 +355,13 @@ class Planner:
             )
         return fit
 
-    def updates_for_budget(self, max_tokens: int, timing: Timing, checkpoint_seconds: float) -> BudgetFit:
+    def updates_for_budget(
+        self, max_tokens: int, timing: Timing, checkpoint_seconds: float, rules: BudgetRules | None = None
+    ) -> BudgetFit:
         """The updates that fit the budget at `timing` (an update's, measured) once set-up so far, the checkpoints,
-        the validations, the test decoding and the first update of each new batch shape are paid for."""
-        rules, update = self.rules, timing.steady
+        the validations, the test decoding and the first update of each new batch shape are paid for (as `rules`
+        count them, default the run's)."""
+        rules, update = rules or self.rules, timing.steady
         tokens = max_tokens * self.updates[max_tokens].accumulation
         decode, validation = rules.test_decode_seconds(update, tokens), rules.validation_seconds(update, tokens)
         left = self.clock.seconds_left(decode, planned=True)
@@ -373,7 +403,7 @@ class Planner:
         for name, (_, each, _, _) in self.measured.items():
             prefix = f"{name}/" if len(self.presets) > 1 else ""
             measured.update({prefix + key: seconds for key, seconds in each.measured.items()})
-            candidates += [self.candidate(name, size, each.per_size[size], ratio) for size in self.sizes]
+            candidates += [self.candidate(name, size, each.per_size[size], ratio) for size in each.per_size]
         plan = self.schedule(model, fit.max_steps, fit.max_tokens, measurement, reasons, measured)
         return replace(
             plan,
