@@ -35,7 +35,7 @@ prepare() {
     fi
     rm -rf .gpu/data/*
     for entry in libreoffice-help-en-de tokenizers tokenized; do
-        [[ -d "$cache/$entry" ]] && cp -r "$cache/$entry" .gpu/data/
+        [[ -d "$cache/$entry" ]] && cp -a "$cache/$entry" .gpu/data/  # -a: the cache keys by file times
     done
     echo "prepared .gpu: $(ls .gpu/whl | wc -l) wheels, $(du -sh .gpu | cut -f1) in all"
 }

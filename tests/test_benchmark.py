@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hf_vanilla_transformer.benchmarks.config import BenchmarkConfig
-from hf_vanilla_transformer.benchmarks.speed import run_benchmark, speed_table, token_agreement
+from hf_vanilla_transformer.benchmarks.speed import compiles, run_benchmark, speed_table, token_agreement
 from hf_vanilla_transformer.benchmarks.twins import (
     build_models,
     generation_inputs,
@@ -105,6 +105,25 @@ def test_in_bf16_the_tokens_are_compared_in_fp32_and_each_variants_share_is_reco
         assert 0 <= figures[case]["marian"]["tokens_equal_to_ours"] <= 1
         assert figures[case]["ours"]["tokens_equal_to_ours"] == 1.0
     assert "| toy | greedy |" in speed_table(results)
+
+
+def test_the_benchmark_times_only_the_cases_and_variants_asked_for():
+    """The GPU check times what its table reads (its nine minutes): training with labels and both decodings, ours
+    compiled beside Marian eager; a case or precision the benchmark does not have is named."""
+    options = BenchmarkConfig(
+        sizes=["toy"], vocab_size=99, repeats=1, warmup=1, new_tokens=3, batch_tokens=200, compile=False, memory=False
+    )
+    options.cases, options.matrix_products = ["greedy"], False
+    figures = run_benchmark(options)["sizes"]["toy"]["cases"]
+    assert list(figures) == ["greedy"] and set(figures["greedy"]) == {"ours", "marian"}
+    with pytest.raises(ValueError, match=r"cases=\['beam8'\] is invalid; expected some of"):
+        BenchmarkConfig(cases=["beam8"])
+    with pytest.raises(ValueError, match="dtype='tf32' is a CUDA precision; device='cpu'"):
+        BenchmarkConfig(dtype="tf32")
+    assert compiles("ours", BenchmarkConfig(compile_peers=False)) and not compiles(
+        "marian", BenchmarkConfig(compile_peers=False)
+    )
+    assert compiles("marian", BenchmarkConfig()) and not compiles("ours", BenchmarkConfig(compile=False))
 
 
 class LinearShapes(torch.overrides.TorchFunctionMode):

@@ -25,7 +25,12 @@ from hf_vanilla_transformer.training.arguments import (
 from hf_vanilla_transformer.training.averaging import choose_checkpoints, validation_losses
 from hf_vanilla_transformer.training.budget.calibration import measure_updates
 from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, BudgetClock
-from hf_vanilla_transformer.training.budget.costs import BudgetRules, decode_seconds, updates_that_fit
+from hf_vanilla_transformer.training.budget.costs import (
+    BudgetRules,
+    decode_seconds,
+    decoding_steps_ratio,
+    updates_that_fit,
+)
 from hf_vanilla_transformer.training.budget.deadline import Replan, TimeBudgetCallback
 from hf_vanilla_transformer.training.budget.plan import BudgetPlan
 from hf_vanilla_transformer.training.budget.record import recorded_plan
@@ -43,6 +48,7 @@ from hf_vanilla_transformer.training.models import build_model
 from hf_vanilla_transformer.training.recipes import parse_arguments, read_recipe
 from hf_vanilla_transformer.training.run import prepare_run
 from hf_vanilla_transformer.training.settings import settle
+from hf_vanilla_transformer.training.trainer import decoding_steps
 
 from conftest import FIXTURES, ROOT, plan_of, random_ids, tiny_model
 
@@ -290,6 +296,67 @@ def test_a_smaller_preset_is_trained_where_the_recipes_does_not_reach_its_update
         preset_choices(dataclasses.replace(recipe, preset_choices="small,huge"))
 
 
+def test_the_precision_is_chosen_at_the_largest_batch_and_a_size_too_slow_at_its_smallest_is_measured_no_further(
+    tmp_path, monkeypatch
+):
+    """The H100's check measured the precisions of big at 4,096 tokens (the smallest batch) and chose tf32, a
+    launch-bound update's fastest, for a run that then trained at 25,000. With stand-in timings (an update's time
+    grows with the batch and the width; bf16 pays a fixed extra, tf32 a share of the batch): the precisions and
+    attentions are measured on the first size at the largest batch, each size first at its smallest batch, and one
+    too slow there (base) has no other batch size, checkpoint or decoding step measured."""
+    from hf_vanilla_transformer.training.budget import calibration as calibration_module
+    from hf_vanilla_transformer.training.budget import planner as planner_module
+    from hf_vanilla_transformer.training.budget.calibration import Timing, UpdateChoices, candidate_key
+    from hf_vanilla_transformer.training.budget.clock import BudgetClock
+    from hf_vanilla_transformer.training.run_data import prepare_data
+    from hf_vanilla_transformer.utils.stages import SetupClock
+
+    recipe = _small_or_tiny(
+        preset="base", preset_choices="base,small,tiny", min_updates=20_000, max_minutes=30, checkpoints_per_run=4
+    )
+    args = TransformerTrainingArguments(output_dir=str(tmp_path / "run"), use_cpu=True, disable_tqdm=True)
+    settings = dataclasses.replace(
+        settle(recipe, args), choices=UpdateChoices(("bf16", "tf32"), ("eager", "sdpa"), (False,), True)
+    )
+    started = time.time()
+    clock = BudgetClock.starting(started, 30)
+    data = prepare_data(settings, clock, SetupClock(started))
+    widths = {}
+    measured = []  # (width, size, candidate key) in the order measured
+
+    def update_seconds(width: int, size: int, precision: str, attention: str) -> float:
+        share = {"bf16": 0.5, "tf32": 1.0}[precision] * size / 512 + {"bf16": 1.0, "tf32": 0.0}[precision]
+        return share * width / 128 * (1.2 if attention == "eager" else 1.0)
+
+    def stand_in(model, batches, candidates, *args, **kwargs):
+        width, size = model.config.d_model, batches[0]["size"]
+        timings = {}
+        for candidate in candidates:
+            measured.append((width, size, candidate_key(*candidate)))
+            timings[candidate_key(*candidate)] = Timing(update_seconds(width, size, candidate[0], candidate[1]) / 50)
+        return timings
+
+    checkpoints = []
+    monkeypatch.setattr(calibration_module, "measure_updates", stand_in)
+    monkeypatch.setattr(calibration_module.Calibration, "batches", lambda self, size, count, taken: [{"size": size}])
+    monkeypatch.setattr(planner_module, "measure_checkpoint_seconds", lambda model: checkpoints.append(1) or 0.01)
+    monkeypatch.setattr(planner_module.Planner, "trainer_ratio", lambda self, *chosen: (1.0, [], None))
+    model = build_model(recipe, data.tokenizer, "base")
+    build = lambda preset: widths.setdefault(preset, build_model(recipe, data.tokenizer, preset))  # noqa: E731
+    plan = planner_module.Planner(settings, data, clock, build).plan(model)
+    base, small = 512, 256
+    stages = [(width, size) for width, size, _ in measured]
+    # 1. base's precisions and attentions at the largest batch (1,024); bf16 wins there, tf32 at 512 would have.
+    keys = {f"{p}/{a}" for p in ("bf16", "tf32") for a in ("eager", "sdpa")}
+    assert stages[:4] == [(base, 1024)] * 4 and {key for _, _, key in measured[:4]} == keys
+    assert update_seconds(base, 512, "tf32", "sdpa") < update_seconds(base, 512, "bf16", "sdpa")
+    # 2. base at its smallest batch only: too slow for 20,000 updates there; small at 512, then at 1,024.
+    assert stages[4:] == [(base, 512), (small, 512), (small, 1024)] and plan.preset == "small"
+    assert (plan.precision, plan.attn_implementation) == ("bf16", "sdpa")
+    assert len(checkpoints) == 1  # small's: base was not measured that far
+    assert "base/bf16/sdpa@512" in plan.measured and "base/bf16/sdpa@1024" in plan.measured
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Recipes as files
 # ---------------------------------------------------------------------------------------------------------------------
@@ -490,6 +557,20 @@ def test_the_test_decoding_is_predicted_from_a_validations_decoding_speed():
     assert REFIT_RULES.predicted_decode_seconds(12.0, 0.3, 2.0) == pytest.approx(236.52, abs=0.01)
     # Where the prediction steps took 7 s (their decoding, and a loss pass of about half the check's 2 s): 6 s.
     assert REFIT_RULES.predicted_decode_seconds(12.0, 0.3, 2.0, 7.0) == pytest.approx(157.68, abs=0.01)
+    # A model that decoded 300 steps where translations as long as the references take 100 (an early validation's,
+    # to its length limit): the test decoding of the trained model a third of that, with a tenth's margin.
+    ratio = decoding_steps_ratio({"eval_decoding_steps": 300, "eval_reference_steps": 100})
+    assert ratio == pytest.approx(1.1 / 3)
+    assert REFIT_RULES.predicted_decode_seconds(12.0, 0.3, 2.0, 7.0, ratio) == pytest.approx(157.68 * 1.1 / 3)
+    assert decoding_steps_ratio({"eval_prediction_seconds": 7.0}) is None  # not counted: not scaled
+
+
+def test_a_batchs_decoding_steps_are_its_longest_rows_padding_left_out():
+    pad = 1
+    generated = torch.tensor([[0, 5, 6, 2, 1, 1], [0, 7, 8, 9, 9, 2]])  # generate() pads the row that ended
+    labels = torch.tensor([[5, 6, 2, -100], [7, 8, 2, -100]])  # the Trainer pads labels with -100 (or pad)
+    assert decoding_steps(generated, labels, pad) == (6, 3)
+    assert decoding_steps(generated[:1], torch.tensor([[5, 2, 1, 1]]), pad) == (4, 2)
 
 
 def test_the_meter_counts_training_time_apart_from_warm_updates_validations_and_checkpoints():
@@ -507,6 +588,12 @@ def test_the_meter_counts_training_time_apart_from_warm_updates_validations_and_
     assert meter.updates == 15 and meter.seconds_per_update == pytest.approx(0.5)
     assert meter.typical_pause("validation", 99.0) == 30.0 and meter.typical_pause("checkpoint", 99.0) == 4.0
     assert UpdateMeter().typical_pause("checkpoint", 7.5) == 7.5
+    # The re-plans count the validations still to come at the last one's seconds: a model that learned to end its
+    # sentences decodes faster than the first validation's did.
+    clock[0] += 12.0
+    assert meter.pause("validation") == 12.0
+    assert meter.latest_pause("validation", 99.0) == 12.0 and meter.typical_pause("validation", 99.0) == 21.0
+    assert UpdateMeter().latest_pause("validation", 7.5) == 7.5
 
 
 def test_the_budget_callback_replans_after_its_first_updates_and_after_each_validation(monkeypatch, tmp_path):
@@ -542,6 +629,10 @@ def test_the_budget_callback_replans_after_its_first_updates_and_after_each_vali
     assert callback.plan.predicted_decode_seconds > 80.0
     assert callback.plan.replans[-1]["after"] == "the validation at update 125"
     assert state.max_steps < first["max_steps"]
+    # The same validation of a model that decoded three times the references' steps: a third of that, and a margin.
+    slow = callback.after_validation(state, 60.0, {}).plan.predicted_decode_seconds
+    steps = {"eval_decoding_steps": 3000, "eval_reference_steps": 1000}
+    assert callback.after_validation(state, 60.0, steps).plan.predicted_decode_seconds == pytest.approx(slow * 1.1 / 3)
     # The validation that ends a run re-plans nothing (the length is what was trained).
     state.global_step, ended = state.max_steps, callback.plan.max_steps
     control.should_training_stop = True
@@ -773,7 +864,7 @@ def test_the_first_check_at_the_runs_last_update_replans_nothing(tmp_path):
 def test_a_recorded_plan_keeps_its_peak_and_fills_an_older_ones_with_the_width_of_its_own_size(tmp_path):
     from types import SimpleNamespace
 
-    from hf_vanilla_transformer.training.budget.planner import complete_recorded_plan
+    from hf_vanilla_transformer.training.budget.record import complete_recorded_plan
     from hf_vanilla_transformer.training.recipes import parse_run
 
     settings = parse_run(["--output_dir", str(tmp_path)], default_recipe="cpu")

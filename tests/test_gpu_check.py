@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -22,14 +21,11 @@ from hf_vanilla_transformer.benchmarks.gpu_check import (
     benchmark_step,
     check_mode,
     corpus_flags,
-    count_tests,
     exit_status,
-    failure_tracebacks,
-    gpu_tests_step,
     main_job_minutes,
     main_job_step,
-    run_step,
 )
+from hf_vanilla_transformer.benchmarks.gpu_check_steps import count_tests, failure_tracebacks, gpu_tests_step, run_step
 from hf_vanilla_transformer.benchmarks.gpu_check_table import (
     TESTS_CHECK,
     CheckOutputs,
@@ -300,7 +296,7 @@ def test_the_gpu_tests_run_in_parallel_processes_and_a_failure_is_counted_and_ke
     folder = tmp_path / "check"
     folder.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    step = gpu_tests_step(replace(gpu_check.GPU_MODE, test_workers=2), clone, folder, env)
+    step = gpu_tests_step(clone, folder, env, GPU_MODE.tests_seconds, workers=2)
     assert "-n" in step["command"].split() and (step["passed"], step["failed"]) == (1, 1), step
     assert list(step["tracebacks"]) == ["tests/test_stand_in.py::test_b (call)"]
     assert (folder / "gpu_tests_failures.log").read_text().count("=== failed test: ") == 1
@@ -382,6 +378,12 @@ def test_on_a_gpu_the_main_job_has_the_time_left_and_the_benchmark_times_base_co
     assert 135 <= ran[0][1] <= 140  # the sizes share the seconds given
     assert list(measured) == ["base", "big"] and missing == {"small": "the benchmark wrote no benchmark_small.json"}
     assert step["settings"]["compiled_sizes"] == ["base"]
+    # The benchmark's step in the main job's precision where it has it alike (the H100's main job trained in tf32,
+    # the benchmark's bf16 step was not its step); its fp16 is fp16 weights, not the Trainer's autocast: bf16 then.
+    for trained, timed in (("tf32", "tf32"), ("fp16", "bf16")):
+        ran.clear()
+        benchmark_step(GPU_MODE, results_json(precision=trained), tmp_path, {}, seconds=140)
+        assert ran[0][0][7] == f"--dtype={timed}", trained
 
 
 def test_the_check_counts_its_nine_minutes_from_its_set_up_and_leaves_its_files_in_its_folder(tmp_path, monkeypatch):
@@ -432,7 +434,7 @@ def test_a_failed_gpu_tests_traceback_is_kept_even_when_the_step_is_stopped_at_i
     folder = tmp_path / "check"
     folder.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    step = gpu_tests_step(replace(gpu_check.GPU_MODE, test_workers=0), clone, folder, env)  # one process: killed
+    step = gpu_tests_step(clone, folder, env, GPU_MODE.tests_seconds)  # one process: killed
     assert step["status"] == "failed (exit status -9)" and step["failed"] == 1, step
     assert "short test summary" not in (folder / "gpu_tests.log").read_text()  # no summary, no traceback there
     ((name, traceback),) = step["tracebacks"].items()
@@ -455,7 +457,7 @@ def test_gpu_tests_that_all_ran_and_whose_pytest_outlasts_the_limit_at_its_exit_
     (clone / "pyproject.toml").write_text('[tool.pytest.ini_options]\nmarkers = ["gpu: a GPU", "slow: slow"]\n')
     folder = tmp_path / "check"
     folder.mkdir()
-    step = gpu_tests_step(replace(gpu_check.GPU_MODE, tests_seconds=20), clone, folder, dict(os.environ))
+    step = gpu_tests_step(clone, folder, dict(os.environ), seconds=20)
     assert step["status"].startswith("ok (pytest printed its summary") and not step["timed_out"], step
     assert (step["passed"], step["failed"]) == (1, 0)
     row = gpu_tests_row(step)

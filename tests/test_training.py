@@ -267,6 +267,10 @@ def test_the_train_script_leaves_a_complete_model_folder(trained_folder):
     assert "test sacreBLEU" in result.stdout
     log = json.loads((output / "training_log.json").read_text())["log_history"]
     assert [entry["step"] for entry in log if "eval_bleu" in entry] == [15, 30]  # validation BLEU for the curves
+    # Each validation counts its decoding steps against translations as long as their references (the budget
+    # scales its prediction of the test decoding by them): an untrained tiny model decodes past its references.
+    for entry in (entry for entry in log if "eval_bleu" in entry):
+        assert entry["eval_decoding_steps"] > entry["eval_reference_steps"] > 0, entry
     model = VanillaTransformerForConditionalGeneration.from_pretrained(output)
     assert model.generation_config.num_beams == 4
     # evaluating with generate() during training must not leave transformers' global defaults (max_length 20) behind

@@ -10,7 +10,8 @@ import torch
 from ..model.configuration_vanilla_transformer import PRESETS, symmetric_preset
 
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# tf32: float32 weights and activations, CUDA's matrix products in TensorFloat-32 (as a run in `--precision tf32`).
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Model sizes: "tiny" is what people train on laptop CPUs (d_model 128, 2 + 2 layers, 2 heads); the others are the
 # package's presets; "toy" (d_model 32) only checks that the benchmark runs.
@@ -53,6 +54,8 @@ class BenchmarkConfig:
             raise ValueError(f"Unknown benchmark size(s) {unknown}; expected some of {sorted(SIZES)}.")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is invalid; expected one of {sorted(DTYPES)}.")
+        if self.dtype == "tf32" and self.device != "cuda":
+            raise ValueError(f"dtype='tf32' is a CUDA precision; device={self.device!r}: use fp32 there.")
         unknown = [case for case in self.cases if case not in (*TRAINING_CASES, *GENERATION_CASES)]
         if unknown or not self.cases:
             raise ValueError(f"cases={self.cases} is invalid; expected some of {[*TRAINING_CASES, *GENERATION_CASES]}.")

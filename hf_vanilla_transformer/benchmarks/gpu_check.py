@@ -23,14 +23,9 @@ its size ("toy") in fp32, eager only (compiling its six variants takes minutes t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
-import re
-import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,12 +35,11 @@ from pathlib import Path
 import torch
 
 from ..utils.machine import describe_machine
+from .gpu_check_steps import gpu_tests_step, log_tail, run_step
 from .gpu_check_table import CheckOutputs, benchmark_size, check_rows, render_table
 
 
 CPU_DEVICE = "cpu (not a GPU: the logic is checked, the figures mean nothing)"
-FAILURES_FILE = "HF_VANILLA_TRANSFORMER_TEST_FAILURES"  # tests/conftest.py adds each failure's traceback to it,
-FAILURE_MARK = "=== failed test: "  # on a line of its own before each
 FIXTURES = ("libreoffice_help_en_de_200.tsv", "libreoffice_help_en_de_test_40.tsv")  # train; validation and test
 
 
@@ -75,7 +69,7 @@ class CheckMode:
 
 
 # On a GPU the whole check, set-up included, has 9 minutes: the tests at most 150 s (on an H200 the gpu tests but the
-# slow plan test took 156 s in one process, 2026-11-27: in 8 processes they take about the longest test), the
+# slow plan test took 156 s in one process; on the H100 in 8 processes 87 s, two tests a process on two), the
 # benchmark 170 s set aside (base eager and compiled with Marian eager, big eager: base alone took 170 s on the H200
 # with Marian's compiled variants and every case), the main job what is left (about 4.5 minutes).
 GPU_MODE = CheckMode(
@@ -92,7 +86,7 @@ GPU_MODE = CheckMode(
     ),
     default_batch=4096,
     tests_seconds=150,
-    test_workers=8,
+    test_workers=12,
     main_extra_seconds=30,
     benchmark_seconds=170,
     total_seconds=540,
@@ -117,6 +111,8 @@ CPU_MODE = CheckMode(
     main_extra_seconds=60,
     benchmark_seconds=180,
 )
+# The main job's precisions whose training step the benchmark times alike (its fp16 is fp16 weights, not autocast).
+BENCHMARKED_PRECISIONS = {"gpu": ("bf16", "tf32", "fp32"), "cpu": ("bf16", "fp32")}
 MIN_MAIN_MINUTES = 2.0  # a main job given less is not started: its plan would leave no time to train
 SLACK_SECONDS = 10  # kept at the end of a check with a limit: the table, the JSON, the files collected
 
@@ -157,133 +153,9 @@ def corpus_flags(mode: CheckMode, corpus: str, root: Path | None) -> tuple[list[
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# A step: a subprocess in a session of its own, under a time limit
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def run_step(command: list[str], log: Path, seconds: float, env: dict, cwd: Path | None = None) -> dict:
-    """Run `command` with its output in `log`; past `seconds` its whole process group is stopped. Returns its
-    status ("ok", "failed (exit status N)", "timed out after N s"), exit status, seconds, limit and log."""
-    started = time.monotonic()
-    with log.open("w") as handle:
-        process = subprocess.Popen(
-            command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
-        )
-        try:
-            returncode, timed_out = process.wait(timeout=max(1.0, seconds)), False
-        except subprocess.TimeoutExpired:
-            stop_group(process)
-            returncode, timed_out = None, True
-        except BaseException:
-            stop_group(process)
-            raise
-    status = f"timed out after {seconds:.0f} s" if timed_out else "ok"
-    status = f"failed (exit status {returncode})" if returncode not in (0, None) else status
-    return {
-        "status": status,
-        "returncode": returncode,
-        "timed_out": timed_out,
-        "seconds": time.monotonic() - started,
-        "limit_seconds": seconds,
-        "command": shlex.join(command),
-        "log": str(log),
-    }
-
-
-def stop_group(process: subprocess.Popen) -> None:
-    """SIGTERM to the step's process group, then SIGKILL to what is left of it (workers, compile processes)."""
-    for sent, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(process.pid, sent)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait)
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def log_tail(path: str, lines: int = 8) -> str:
-    text = Path(path).read_text(errors="replace").splitlines() if Path(path).exists() else []
-    return "\n".join(f"    {line[-200:]}" for line in text[-lines:])
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # The three steps
 # ---------------------------------------------------------------------------------------------------------------------
-
-OUTCOMES = "PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS"
-TEST_LINE = re.compile(rf"^(?P<test>\S+::\S+) (?P<outcome>{OUTCOMES})\b")  # pytest -v in one process
-WORKER_LINE = re.compile(rf"^\[gw\d+\] \[\s*\d+%\] (?P<outcome>{OUTCOMES}) (?P<test>\S+::\S+)")  # pytest-xdist's
-SUMMARY_LINE = re.compile(r"^=+ .*\b(passed|failed|skipped|deselected|errors?)\b.* in [\d.]+s\b.*=+$")
-SKIP_LINE = re.compile(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$")
-
-
-def count_tests(text: str) -> dict:
-    """Passed, failed, errors and skipped of a `pytest -v -rs` output (as far as it got), the skips' reasons and
-    the tests that failed."""
-    outcomes: dict[str, str] = {}
-    for line in text.splitlines():
-        found = TEST_LINE.match(line) or WORKER_LINE.match(line)
-        if found:  # a test's setup, call and teardown can each report: the worst one counts
-            test, outcome = found["test"], found["outcome"]
-            outcomes[test] = outcome if outcomes.get(test) not in ("FAILED", "ERROR") else outcomes[test]
-    values = list(outcomes.values())
-    reasons = sorted({found[1] for line in text.splitlines() if (found := SKIP_LINE.match(line))})
-    return {
-        "passed": values.count("PASSED") + values.count("XFAIL"),
-        "failed": values.count("FAILED") + values.count("XPASS"),
-        "errors": values.count("ERROR"),
-        "skipped": values.count("SKIPPED"),
-        "skip_reasons": reasons,
-        "failed_tests": [name for name, outcome in outcomes.items() if outcome in ("FAILED", "ERROR", "XPASS")],
-    }
-
-
-def ran_every_test(text: str) -> bool:
-    """Whether a pytest output ends its run with the summary line (not one printed for an interrupted run)."""
-    interrupted = "KeyboardInterrupt" in text or "!!! Interrupted" in text
-    return not interrupted and any(SUMMARY_LINE.match(line) for line in text.splitlines())
-
-
-def gpu_tests_step(mode: CheckMode, root: Path | None, folder: Path, env: dict) -> dict:
-    if root is None:
-        return {"status": "not run: no tests/ folder here (the gpu tests run from a clone)"}
-    # no:logging: torch.compile's structured trace adds thousands of empty DEBUG records to each failure's report
-    command = [sys.executable, "-m", "pytest", "-m", "gpu and not slow", "tests", "-v", "-rs", "-p", "no:cacheprovider"]
-    command += ["-p", "no:logging", *parallel_flags(mode.test_workers)]
-    failures = folder / "gpu_tests_failures.log"  # each failure's traceback as it happens (tests/conftest.py)
-    failures.unlink(missing_ok=True)
-    step = run_step(command, folder / "gpu_tests.log", mode.tests_seconds, {**env, FAILURES_FILE: str(failures)}, root)
-    if step["returncode"] == 5:  # pytest: nothing collected (no test is marked gpu)
-        step["status"] = "ok"
-    text = Path(step["log"]).read_text(errors="replace")
-    if step["timed_out"] and ran_every_test(text):  # its exit (compile and data-loading workers) outlasted the limit
-        step["status"] = "ok (pytest printed its summary, then was stopped at the limit while exiting)"
-        step["timed_out"], step["stopped_exiting"] = False, True
-    counted = count_tests(text)
-    return {**step, **counted, "tracebacks": failure_tracebacks(failures)}
-
-
-def parallel_flags(workers: int) -> list[str]:
-    """pytest's flags for `workers` worker processes (pytest-xdist) where it is installed and more than one is asked
-    for; else none (one process). The gpu tests spend most of their time compiling and starting processes, each on
-    the CPU: in parallel they take about the time of the longest."""
-    if workers <= 1 or importlib.util.find_spec("xdist") is None:
-        return []
-    return ["-n", str(workers)]
-
-
-def failure_tracebacks(path: Path, lines: int = 12) -> dict[str, str]:
-    """Each failed test's traceback, its last `lines` lines (the error), from the file tests/conftest.py writes."""
-    found, name = {}, None
-    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
-        if line.startswith(FAILURE_MARK):  # a test's first line: the mark, its id and phase
-            name = line[len(FAILURE_MARK) :]
-            found[name] = []
-        elif name is not None:
-            found[name].append(line)
-    return {test: "\n".join("\n".join(body).rstrip().splitlines()[-lines:]) for test, body in found.items()}
 
 
 def main_job_step(
@@ -329,9 +201,10 @@ def benchmark_step(
     sizes = list(mode.sizes)
     trained = benchmark_size(plan.get("preset"))
     sizes += [trained] if trained and trained not in sizes else []
+    precision = plan.get("precision")  # the benchmark's step is the main job's in the precisions it has alike
     settings = {
         "device": mode.torch_device,
-        "dtype": mode.dtype,
+        "dtype": precision if precision in BENCHMARKED_PRECISIONS[mode.name] else mode.dtype,
         "attn": "sdpa",
         "batch_tokens": plan.get("max_tokens") or mode.default_batch,
         "vocab_size": model.get("vocab_size") or 8000,
@@ -415,7 +288,7 @@ def run_gpu_check(options: CheckOptions) -> dict:
     print(f"GPU check on {mode.device}; {where}", flush=True)
     limit = f"{mode.total_seconds / 60:g} minutes in all, set-up included" if deadline else "each step its own limit"
     print(f"  {limit}; on {corpus}; logs and the model folder in {folder}", flush=True)
-    tests = gpu_tests_step(mode, root, folder, env)
+    tests = gpu_tests_step(root, folder, env, mode.tests_seconds, mode.test_workers)
     say_step(1, "gpu tests", tests, ", ".join(f"{tests.get(k, 0)} {k}" for k in ("passed", "failed", "skipped")))
     left = deadline - time.monotonic() if deadline else None
     try:

@@ -41,6 +41,7 @@ import statistics
 import tempfile
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -48,6 +49,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
+from ..training.budget.device import tf32_matmuls
 from ..utils.kernels import without_cudnn_attention
 from ..utils.machine import cpu_extensions, describe_machine
 from .config import DTYPES, GENERATION_CASES, TRAINING_CASES, BenchmarkConfig
@@ -269,7 +271,8 @@ def run_benchmark(options: BenchmarkConfig) -> dict:
     # Each compiled variant adds graphs for the same forward code (training, prefill and decoding steps, per batch
     # shape): more than dynamo's default limit of 8, after which it would silently run eager.
     limit = max(torch._dynamo.config.recompile_limit, 64)
-    with torch._dynamo.config.patch(recompile_limit=limit), without_cudnn_attention(options.device):
+    tf32 = tf32_matmuls(options.dtype == "tf32") if options.device == "cuda" else nullcontext()
+    with torch._dynamo.config.patch(recompile_limit=limit), without_cudnn_attention(options.device), tf32:
         return _run_benchmark(options)
 
 

@@ -213,6 +213,13 @@ class ModelDataArguments:
     max_warmup_fraction: float | None = field(
         default=None, metadata={"help": "Never warm up for more than this fraction of the run."}
     )
+    cut_warmup_keeps_peak: bool = field(
+        default=False,
+        metadata={
+            "help": "A warmup cut by --max_warmup_fraction climbs to the full peak (true) or the §5.3 ramp's value "
+            "there, a lower peak (false)."
+        },
+    )
     max_epochs: float | None = field(
         default=None, metadata={"help": "Never plan more updates than this many epochs of the training split."}
     )

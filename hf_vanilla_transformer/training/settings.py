@@ -103,6 +103,7 @@ class RunSettings:
             "attn_implementation": recipe.attn_implementation,
             "recipe_file": recipe.recipe,
             "publish_examples": recipe.publish_examples,
+            "cut_warmup_keeps_peak": recipe.cut_warmup_keeps_peak,
             "max_minutes": recipe.max_minutes,
             "max_steps": args.max_steps,
         }
@@ -214,4 +215,5 @@ def rate_rule(recipe: ModelDataArguments, args: TransformerTrainingArguments) ->
         reference_tokens=recipe.lr_reference_tokens,
         warmup=args.warmup_steps,
         max_warmup_fraction=recipe.max_warmup_fraction,
+        cut_keeps_peak=recipe.cut_warmup_keeps_peak,
     )

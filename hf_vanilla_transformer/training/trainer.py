@@ -172,12 +172,17 @@ class TransformerTrainer(Seq2SeqTrainer):
         return self.accelerator.prepare(loader)
 
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None, **kwargs):
-        self._prediction_seconds = 0.0
+        self._prediction_seconds, self._decoding_steps = 0.0, [0, 0]
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, **kwargs)
         prefix = kwargs.get("metric_key_prefix", "eval")
         moment("validation")
-        # The prediction steps' own time (decoding, and each batch's loss), apart from the metrics and the loop.
+        # The prediction steps' own time (decoding, and each batch's loss), apart from the metrics and the loop, and
+        # the decoding steps they took against those of translations as long as the references (`decoding_steps`).
         output.metrics[f"{prefix}_prediction_seconds"] = self._prediction_seconds
+        if self._decoding_steps[0]:
+            output.metrics[f"{prefix}_decoding_steps"], output.metrics[f"{prefix}_reference_steps"] = (
+                self._decoding_steps
+            )
         if self.source_check and prefix == "eval":
             training = self.model.training
             self.model.eval()
@@ -202,10 +207,16 @@ class TransformerTrainer(Seq2SeqTrainer):
         generation_config = copy.deepcopy(self.model.generation_config)
         began = time.perf_counter()
         try:
-            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+            result = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
         finally:
             self.model.generation_config = generation_config
             self._prediction_seconds = getattr(self, "_prediction_seconds", 0.0) + time.perf_counter() - began
+        if result[1] is not None and result[2] is not None:
+            pad = self.model.config.pad_token_id
+            taken, reference = decoding_steps(result[1], result[2], pad)
+            counts = getattr(self, "_decoding_steps", [0, 0])
+            self._decoding_steps = [counts[0] + taken, counts[1] + reference]
+        return result
 
     def _save_checkpoint(self, model, trial) -> None:
         """`Trainer`'s checkpoint, then a `.complete` marker once every process has written its part, so that a
@@ -262,6 +273,16 @@ class PageReleasingCollator:
     def __call__(self, features):
         release_mapped_pages()
         return self.collate(features)
+
+
+def decoding_steps(generated: torch.Tensor, labels: torch.Tensor, pad_token_id: int | None) -> tuple[int, int]:
+    """(the decoding steps a batch's generate() took, those of translations as long as its references): the longest
+    row of each, padding not counted (generate() pads the rows that ended, the Trainer pads both to the length
+    limit). A batch decodes until its longest row ends: an untrained model runs each to its limit, a trained one
+    about to its longest reference, and a validation's decoding time follows the steps."""
+    real = labels.ne(-100) & (labels.ne(pad_token_id) if pad_token_id is not None else True)
+    taken = generated.ne(pad_token_id) if pad_token_id is not None else torch.ones_like(generated, dtype=torch.bool)
+    return int(taken.sum(-1).max()), int(real.sum(-1).max())
 
 
 def _checkpoint_bytes(output_dir: Path) -> int | None:

@@ -7,9 +7,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...data.batching import evaluation_batches, inference_batches
 from .schedule import EventRule
+
+
+if TYPE_CHECKING:
+    from .calibration import Timing
 
 
 # One model of what decoding costs, for the plan and its re-plans. A greedy sentence costs about as much as training
@@ -101,6 +106,18 @@ def updates_that_fit(
     return low
 
 
+STEPS_MARGIN = 1.1  # a trained model's longest translation in a batch over the batch's longest reference, about
+
+
+def decoding_steps_ratio(metrics: dict, prefix: str = "eval") -> float | None:
+    """The decoding steps a validation would have taken with translations about as long as their references, over
+    those it took (the Trainer's `<prefix>_reference_steps` and `_decoding_steps`), or None where not counted."""
+    taken, reference = metrics.get(f"{prefix}_decoding_steps"), metrics.get(f"{prefix}_reference_steps")
+    if not taken or not reference:
+        return None
+    return STEPS_MARGIN * reference / taken
+
+
 @dataclass(frozen=True)
 class BudgetRules:
     """What a budgeted run counts with beside an update's time: its events (`EventRule`) and whether it validates,
@@ -185,13 +202,17 @@ class BudgetRules:
         seconds_per_update: float,
         source_check_seconds: float | None = None,
         prediction_seconds: float | None = None,
+        steps_ratio: float | None = None,
     ) -> float:
         """The test decoding (and the choice of alpha) predicted from a validation pass on this machine: its
         decoding of `validation_pairs` pairs with `validation_beams` beams, scaled to `test_sentences` decoded with
         `test_beams` beams by their relative cost per sentence (`beam_cost`). The decoding is the Trainer's
         prediction steps less their loss (`prediction_seconds`, where measured; a loss pass costs about one of the
         source check's two), else the whole pass less its loss passes. A validation sentence and a test sentence
-        cost what `beam_cost` says."""
+        cost what `beam_cost` says. `steps_ratio` (`decoding_steps_ratio`) scales the validation's decoding to that
+        of translations about as long as their references, as the trained model's test decoding will be: an early
+        validation's model decodes every batch to its length limit (on the H100 a 3.5-minute run re-planned from
+        1,715 to 524 updates after its first validation, and ended with a third of its budget unused)."""
         if prediction_seconds is not None and source_check_seconds is not None:
             decoding = prediction_seconds - 0.5 * source_check_seconds
         elif source_check_seconds is not None:
@@ -200,5 +221,21 @@ class BudgetRules:
             decoding = validation_seconds - validation_loss_seconds(
                 self.validation_pairs, seconds_per_update, self.source_check
             )
-        per_sentence = max(0.0, decoding) / max(1, self.validation_pairs)
+        per_sentence = max(0.0, decoding) / max(1, self.validation_pairs) * (steps_ratio or 1.0)
         return self.test_sentences * per_sentence * self.beam_cost
+
+
+@dataclass
+class BudgetFit:
+    """How a measured update time fits the budget: the batch size, the updates, the seconds planned and predicted,
+    the reason in words, and whether the updates reach the recipe's `min_updates` (`enough`)."""
+
+    max_tokens: int
+    max_steps: int
+    timing: Timing  # of one update (accumulation and the Trainer's own work included)
+    training_seconds: float
+    decode_seconds: float
+    reason: str
+    enough: bool
+    checkpoint_seconds: float = 0.0
+    validation_seconds: float = 0.0

@@ -19,7 +19,7 @@ from transformers.trainer_callback import ExportableState
 from ...utils.distributed import main_process_decides, main_process_value
 from ...utils.faults import moment
 from .clock import BudgetClock
-from .costs import BudgetRules
+from .costs import BudgetRules, decoding_steps_ratio
 from .plan import BudgetPlan
 from .record import write_plan
 from .replanning import CHANGE_AT_LEAST, Switch, UpdateMeter, better_candidate, refit
@@ -163,7 +163,8 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         """The test decoding predicted anew from this validation's decoding speed (which moves the deadline), and
         the length re-fitted to it."""
         check, prediction = metrics.get("eval_source_check_seconds"), metrics.get("eval_prediction_seconds")
-        decode = self.rules.predicted_decode_seconds(seconds, self.meter.seconds_per_update, check, prediction)
+        steps = decoding_steps_ratio(metrics)
+        decode = self.rules.predicted_decode_seconds(seconds, self.meter.seconds_per_update, check, prediction, steps)
         after = f"the validation at update {state.global_step:,}"
         return self.replan(state, after, decode) or Replan(
             dataclasses.replace(self.plan, predicted_decode_seconds=decode)
@@ -212,7 +213,7 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         if decode is not None:
             plan = dataclasses.replace(plan, predicted_decode_seconds=decode)
         checkpoint = meter.typical_pause("checkpoint", plan.checkpoint_seconds or 0.0)
-        validation = meter.typical_pause("validation", plan.validation_seconds or 0.0)
+        validation = meter.latest_pause("validation", plan.validation_seconds or 0.0)
         usable = self.clock.seconds_left(plan.predicted_decode_seconds or 0.0, planned=True)
         new = main_process_value(refit(plan, self.rules, step, rate, usable, checkpoint, validation))
         if not always and abs(new.max_steps - plan.max_steps) < CHANGE_AT_LEAST * plan.max_steps:

@@ -14,23 +14,22 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ...utils.distributed import main_process_value, result_or_error
 from ...utils.machine import describe_device
 from .calibration import Calibration, Measurement, Timing, measure_checkpoint_seconds
 from .clock import BudgetClock, BudgetError
-from .costs import BudgetRules, decoding_steps, updates_that_fit, validation_decoding_steps
+from .costs import BudgetFit, BudgetRules, decoding_steps, updates_that_fit, validation_decoding_steps
 from .decode_speed import measure_decode_step, median_batch
 from .device import pad_multiple
 from .plan import Budgeted, BudgetPlan
-from .record import recorded_plan, write_plan
+from .record import complete_recorded_plan, recorded_plan, write_plan
 from .replanning import Switch
 from .schedule import (
     EventRule,
     event_spacing,
     learning_rate,
-    peak_rate,
     replan_bound,
     updates_per_epoch,
     warmup_for,
@@ -77,42 +76,6 @@ def make_plan(
     if settings.args.should_save:
         write_plan(settings.output_dir, plan)
     return Budgeted(plan, rules)
-
-
-def complete_recorded_plan(plan: BudgetPlan, settings, model) -> BudgetPlan:
-    """A plan recorded before it held the batch size, accumulation, lr_scale and peak, with them computed as the
-    run then did for `model` (of the plan's size); what it holds is kept (a new plan: the one given is left as it
-    is)."""
-    update = settings.update_size(plan.max_tokens or settings.token_sizes[0])
-    accumulation = plan.gradient_accumulation_steps or update.accumulation
-    d_model, tokens = model.config.d_model, update.max_tokens * accumulation * update.world_size
-    lr_scale = plan.lr_scale
-    if lr_scale is None:
-        lr_scale = learning_rate(settings.rate, d_model, plan.warmup_steps, tokens).lr_scale
-    peak = plan.peak_learning_rate or peak_rate(lr_scale, d_model, plan.warmup_steps)
-    return replace(
-        plan,
-        max_tokens=update.max_tokens,
-        gradient_accumulation_steps=accumulation,
-        lr_scale=lr_scale,
-        peak_learning_rate=peak,
-    )
-
-
-@dataclass
-class BudgetFit:
-    """How a measured update time fits the budget: the batch size, the updates, the seconds planned and predicted,
-    the reason in words, and whether the updates reach the recipe's `min_updates` (`enough`)."""
-
-    max_tokens: int
-    max_steps: int
-    timing: Timing  # of one update (accumulation and the Trainer's own work included)
-    training_seconds: float
-    decode_seconds: float
-    reason: str
-    enough: bool
-    checkpoint_seconds: float = 0.0
-    validation_seconds: float = 0.0
 
 
 class Planner:
@@ -272,16 +235,22 @@ class Planner:
 
     def measure_size(self, sized, known: Measurement | None, screened: Measurement | None = None) -> tuple:
         """(model, measurement, checkpoint seconds, decoding step seconds) of one model size. The first size measured
-        chooses the precision, attention and compilation, the others keep them. Measured in two steps where several
-        sizes are open: first at the smallest batch size alone (the most updates a size can give: a size that
-        reaches no `min_updates` there is not measured further, its decoding left None), then at every other batch
-        size, with a checkpoint and a decoding step. A run that starts again knows its time."""
+        chooses the precision, attention and compilation at the largest batch (at the smallest, a launch-bound
+        update, tf32 beat bf16 on the H100: docs/gpu.md), the others keep them. With several sizes, first at the
+        smallest batch (its most updates: one that cannot reach `min_updates` there goes no further, its decoding
+        left None), then at the others, with a checkpoint and a decoding step. A restart knows its time."""
         if known is not None:
             return sized, known, self.checkpoint_seconds(sized), self.measure_decoding(sized, known)
         if screened is None:
-            fixed = next(iter(self.measured.values()))[1].fixed if self.measured else None
             calibration = self.calibration(sized)
-            screened = calibration.measure(sized, self.sizes[-1:], every_size=True, fixed=fixed, rank=self.rank)
+            choices = self.choices
+            if self.measured or len(choices.precisions) * len(choices.attentions) * len(choices.compiles) == 1:
+                # the choices of the first size measured, or none open
+                fixed = next(iter(self.measured.values()))[1].fixed if self.measured else None
+                screened = calibration.measure(sized, self.sizes[-1:], every_size=True, fixed=fixed)
+            else:
+                screened = calibration.measure(sized, self.sizes[:1], every_size=True, rank=self.rank)
+                screened = calibration.extend(sized, screened, self.sizes[-1:])
             if len(self.presets) > 1:
                 return sized, screened, 0.0, None
         measurement = self.calibration(sized).extend(sized, screened, self.sizes)

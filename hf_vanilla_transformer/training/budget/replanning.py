@@ -177,3 +177,9 @@ class UpdateMeter:
         """The mean measured seconds of a `kind` pause, or `estimate` before the first one."""
         measured = self.pauses[kind]
         return sum(measured) / len(measured) if measured else estimate
+
+    def latest_pause(self, kind: str, estimate: float) -> float:
+        """The last measured seconds of a `kind` pause, or `estimate` before the first one: a validation's decoding
+        shortens as the model learns to end its sentences (the first, of a model that ends none, is the longest)."""
+        measured = self.pauses[kind]
+        return measured[-1] if measured else estimate

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 class RateRule:
     """How a recipe names its §5.3 rate: the factor `lr_scale`, or a `peak` reached by a model of width
     `owner_d_model` (None: the trained model's own) with the `warmup` given, at updates of `reference_tokens` source
-    tokens (None: any); a short run's warmup is cut to at most `max_warmup_fraction` of it."""
+    tokens (None: any); a short run's warmup is cut to at most `max_warmup_fraction` of it, climbing the same ramp
+    to a lower peak, or to the same peak (`cut_keeps_peak`)."""
 
     lr_scale: float = 1.0
     peak: float | None = None
@@ -21,6 +22,7 @@ class RateRule:
     reference_tokens: int | None = None
     warmup: float = 4000
     max_warmup_fraction: float | None = None
+    cut_keeps_peak: bool = False
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,10 @@ def learning_rate(rule: RateRule, d_model: int, warmup: int, tokens_per_update: 
     2. Where the rule names the update size its rate holds at (`reference_tokens`), the square root of the update's
        tokens over it.
     3. Where a short run cut the warmup (`max_warmup_fraction`), the rate climbs the same ramp and peaks lower: a
-       post-LN model needs the ramp (warmup 308 to the full peak stalled at loss 4.7 on the CPU recipe,
-       docs/cpu_recipe.md)."""
+       post-LN model needs the ramp (warmup 308 to the CPU recipe's peak of 1.98e-3 stalled at loss 4.7,
+       docs/cpu_recipe.md); or, with `cut_keeps_peak`, it climbs a steeper ramp to the same peak (the GPU recipe:
+       the paper's peaks are half the CPU recipe's or less, and on the H100 `small` on the lower peak's ramp,
+       2.7e-4 after 1,085 updates, had learned nothing of its source by update 948: docs/gpu.md)."""
     nominal = rule.warmup if rule.warmup >= 1 else warmup
     scale = rule.lr_scale
     if rule.peak is not None:
@@ -56,7 +60,7 @@ def learning_rate(rule: RateRule, d_model: int, warmup: int, tokens_per_update: 
     if rule.reference_tokens:
         scale *= (tokens_per_update / rule.reference_tokens) ** 0.5
     if warmup < nominal:
-        scale *= (warmup / nominal) ** 1.5
+        scale *= (warmup / nominal) ** (0.5 if rule.cut_keeps_peak else 1.5)
     return LearningRate(scale, peak_rate(scale, d_model, warmup))
 
 
