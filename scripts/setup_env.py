@@ -186,7 +186,7 @@ def pip(python: Path, *arguments: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--venv", default=".venv")
     parser.add_argument("--dry-run", action="store_true", help="say what would be done, change nothing")
     options = parser.parse_args(argv)

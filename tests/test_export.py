@@ -4,7 +4,9 @@ CTranslate2: decodes the same greedy tokens and scores the same log-probabilitie
 and translates; `translate.py --engine ctranslate2` keeps order and empty lines; what CTranslate2 cannot express, a
 bad quantization and a too-long source get clear errors. ONNX Runtime: greedy and beam search (GNMT penalty, the
 relative length limit) give `generate()`'s tokens, the step's log-probabilities are the model's; int8 translates;
-`translate.py --engine onnx` keeps order and empty lines; bad values and folders get clear errors."""
+`translate.py --engine onnx` keeps order and empty lines; bad values and folders get clear errors. Both engines keep
+translate()'s bounds (`--max_tokens`, a huge line refused before it is tokenized, a binary file) and end their
+errors in one line."""
 
 from __future__ import annotations
 
@@ -431,6 +433,74 @@ def test_deploy_benchmark_runs_every_engine_and_the_exact_ones_agree(trained, tm
     assert all(value > 0 for value in memory.values())
     assert results["machine"] in result.stdout and "| ctranslate2_int8_alpha1.5 |" in result.stdout
     assert results["ctranslate2_default_alpha"] == 0.48  # the model's GNMT 0.6, carried over
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Both engines keep translate()'s bounds, and their errors end in one line (issue 47)
+# ---------------------------------------------------------------------------------------------------------------------
+
+LONG = " ".join(["w1 w2 w3 w4"] * 5)  # 20 words: 21 tokens with </s>
+ENGINES = ["ctranslate2", "onnx"]
+
+
+def export_of(engine: str, trained, request):
+    """The trained model's export for `engine` (the ONNX one built when first asked for)."""
+    return trained[1] if engine == "ctranslate2" else request.getfixturevalue("onnx_folder")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_each_engine_holds_max_tokens_and_tokenizes_no_huge_line(engine, trained, request):
+    """A line of more tokens than `max_tokens` is refused naming it, one of more characters than those tokens can
+    hold before it is tokenized; batches of at most `max_tokens` padded tokens translate as one batch does."""
+    exported = load_export(engine, export_of(engine, trained, request))
+    encode = "tokens" if engine == "ctranslate2" else "encode"
+    seen = []
+    tokenize = getattr(exported, encode)
+    setattr(exported, encode, lambda sentences: seen.extend(map(len, sentences)) or tokenize(sentences))
+    with pytest.raises(ValueError, match=r"^line 2 is 21 tokens long, more than max_tokens=8 \(the padded source"):
+        exported.translate(["w4 w5 w6", LONG], max_tokens=8)
+    with pytest.raises(ValueError, match=r"^line 3 is 1,200,000 characters long, more than max_tokens=100 tokens"):
+        exported.translate(["w4 w5 w6", "", "w1 " * 400_000], max_tokens=100)
+    assert max(seen) == len(LONG)  # the huge line was never tokenized
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=rf"max_tokens={bad!r} is invalid; expected a positive number of tokens"):
+            exported.translate(["w4 w5 w6"], max_tokens=bad)
+    whole = exported.translate([*SENTENCES, "", LONG], num_beams=1)
+    assert exported.translate([*SENTENCES, "", LONG], num_beams=1, max_tokens=21) == whole  # batches of 1 to 4
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_translate_and_score_with_an_engine_refuse_an_over_long_line_and_a_binary_file_in_one_line(
+    engine, trained, request, tmp_path, monkeypatch
+):
+    from hf_vanilla_transformer.commands import score, translate
+
+    monkeypatch.setattr("hf_vanilla_transformer.data.cache.DEFAULT_CACHE", tmp_path / "cache")
+    folder = str(export_of(engine, trained, request))
+    lines, pairs, binary = tmp_path / "lines.txt", tmp_path / "pairs.tsv", tmp_path / "binary.bin"
+    lines.write_text(f"w4 w5 w6\n{LONG}\n", encoding="utf-8")
+    pairs.write_text(f"w4 w5 w6\tw6 w5 w4\n{LONG}\t{LONG}\n", encoding="utf-8")
+    binary.write_bytes(bytes(range(128, 256)) * 64)
+    too_long = "line 2 is 21 tokens long, more than max_tokens=8 (the padded source tokens of a batch)"
+    not_text = f"{binary}:1 is not UTF-8 text (byte 0x80: invalid start byte); expected a UTF-8 text file."
+    for command, flag, data in ((translate, "--input", lines), (score, "--data_files", pairs)):
+        name = command.__name__.rsplit(".", 1)[1]
+        with pytest.raises(SystemExit) as refused:
+            command.main([folder, "--engine", engine, flag, str(data), "--max_tokens", "8"], prog=name)
+        assert str(refused.value.code).startswith(f"{name}: {too_long}; split it, or raise max_tokens")
+        with pytest.raises(SystemExit) as refused:
+            command.main([folder, "--engine", engine, flag, str(binary)], prog=name)
+        assert refused.value.code == f"{name}: {not_text}"
+
+
+def test_the_translate_script_with_onnx_ends_an_over_long_line_in_one_line(onnx_folder):
+    """The script end to end (the commands' code is the same for both engines): one line, no traceback."""
+    result = run_script("translate.py", onnx_folder, "--engine", "onnx", "--max_tokens", "8", input=f"w4\n{LONG}\n")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        "translate.py: line 2 is 21 tokens long, more than max_tokens=8 (the padded source tokens of a batch); split "
+        "it, or raise max_tokens (--max_tokens)."
+    )
 
 
 def test_the_exports_record_no_absolute_path(trained, onnx_folder):

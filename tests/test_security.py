@@ -174,6 +174,7 @@ def test_a_leftover_of_another_container_with_the_same_host_name_is_never_remove
 # ---------------------------------------------------------------------------------------------------------------------
 
 TOKEN = "hf_" + "Secret0" * 5  # the shape of a Hugging Face token
+PLAIN_SECRET = "plain-Secret-4217"  # a token of another shape: only the flag it follows says it is one
 
 
 @pytest.mark.parametrize(
@@ -208,7 +209,9 @@ def test_the_published_command_line_holds_no_token_and_no_local_path(command, ex
 
 def test_a_run_on_own_data_publishes_no_token_no_path_and_no_sentence(tmp_path):
     """`train --hub_token ... --data_files /private/...`: results.json, the card and the log hold neither the token
-    nor the folders; the test sentences of the user's files stay out of the folder (examples, attention maps)."""
+    nor the folders; the test sentences of the user's files stay out of the folder (examples, attention maps). No
+    file of the run folder, checkpoints included (training_args.bin, the Trainer's pickle of its arguments), nor of
+    the data cache, holds the token: one not shaped like a Hub token, so that only its flag can hide it (issue 47)."""
     private = tmp_path / "alice" / "private"
     private.mkdir(parents=True)
     data = private / "mine.tsv"
@@ -217,7 +220,7 @@ def test_a_run_on_own_data_publishes_no_token_no_path_and_no_sentence(tmp_path):
     recipe.write_text("preset: tiny\nvocab_size: 500\n")
     output = private / "runs" / "mine"
     arguments = ["--recipe", str(recipe), "--data_files", str(data), "--output_dir", str(output)]
-    arguments += ["--data_cache_dir", str(tmp_path / "cache"), "--hub_token", TOKEN]
+    arguments += ["--data_cache_dir", str(tmp_path / "cache"), "--hub_token", PLAIN_SECRET]
     arguments += ["--max_steps", "4", "--save_steps", "4", "--average_last", "1", "--test_beams", "1"]
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "train.py"), *arguments],
@@ -230,7 +233,10 @@ def test_a_run_on_own_data_publishes_no_token_no_path_and_no_sentence(tmp_path):
     results_text = (output / "results.json").read_text()
     card = (output / "README.md").read_text()
     for published in (results_text, card, result.stdout + result.stderr):
-        assert TOKEN not in published
+        assert PLAIN_SECRET not in published
+    written = [path for folder in (output, tmp_path / "cache") for path in folder.rglob("*") if path.is_file()]
+    assert any(path.name == "training_args.bin" for path in written)  # the checkpoint is among them
+    assert [path for path in written if PLAIN_SECRET.encode() in path.read_bytes()] == []
     for published in (results_text, card):
         assert str(private) not in published and str(tmp_path) not in published
     results = json.loads(results_text)

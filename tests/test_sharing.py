@@ -96,8 +96,8 @@ def test_dry_run_lists_the_complete_file_set_with_sizes(trained_folder):
 
 def test_staged_folder_has_the_pipeline_and_a_card_for_the_repository(trained_folder, tmp_path):
     folder, _ = trained_folder
-    staged = stage_for_hub(folder, tmp_path / "stage", repo_id="me/transformer-en-de")
-    assert {path.relative_to(tmp_path / "stage").as_posix() for path in staged} == EXPECTED_UPLOAD
+    staged, refused = stage_for_hub(folder, tmp_path / "stage", repo_id="me/transformer-en-de")
+    assert {path.relative_to(tmp_path / "stage").as_posix() for path in staged} == EXPECTED_UPLOAD and not refused
     config = json.loads((tmp_path / "stage" / "config.json").read_text())
     assert (
         config["custom_pipelines"]["translation"]["impl"] == "pipeline_vanilla_transformer.VanillaTranslationPipeline"

@@ -9,7 +9,6 @@ Usage:
     vanilla-transformer average --checkpoints RUN/checkpoint-1000 RUN/checkpoint-2000 OUTPUT_DIR
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -20,13 +19,12 @@ from ..training.averaging import (
     average_last_checkpoints,
     checkpoint_folders,
 )
+from ..utils.command_line import CommandParser
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     prog = prog or Path(sys.argv[0]).name
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = CommandParser(prog, __doc__)
     parser.add_argument("paths", nargs="+", help="RUN_DIR OUTPUT_DIR, or (with --checkpoints) folders then OUTPUT_DIR")
     parser.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints to average")
     parser.add_argument(

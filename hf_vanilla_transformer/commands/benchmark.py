@@ -30,9 +30,8 @@ class ScriptArguments:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     prog = prog or Path(sys.argv[0]).name
-    options, script = HfArgumentParser((BenchmarkConfig, ScriptArguments), prog=prog).parse_args_into_dataclasses(
-        args=argv
-    )
+    parser = HfArgumentParser((BenchmarkConfig, ScriptArguments), prog=prog, allow_abbrev=False)
+    options, script = parser.parse_args_into_dataclasses(args=argv)
     if script.quick:
         options.repeats = 5
     results = run_benchmark(options)

@@ -13,18 +13,16 @@ remote-code files and a model card. A source this model cannot hold is refused i
 before anything is written. Each family's quirks and how they map: docs/converting.md.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 from ..convert import convert_model
+from ..utils.command_line import CommandParser
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     prog = prog or Path(sys.argv[0]).name
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = CommandParser(prog, __doc__)
     parser.add_argument("source", help="a MarianMTModel or FSMT folder, or a fairseq checkpoint (or its folder)")
     parser.add_argument("output_dir", help="the model folder to write (new, or empty)")
     parser.add_argument("--source_dict", help="fairseq: the source dictionary (default: dict.<source_lang>.txt beside)")

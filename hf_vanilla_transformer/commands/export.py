@@ -11,19 +11,17 @@ CTranslate2 decodes differently (its beam-search length penalty): `hf_vanilla_tr
 `hf_vanilla_transformer/export_onnx.py` and docs/deploy.md. A bad folder or value ends the script with one line.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 from ..deploy.ctranslate2 import QUANTIZATIONS, export_ctranslate2
 from ..deploy.onnx import ONNX_QUANTIZATIONS, export_onnx
+from ..utils.command_line import CommandParser
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     prog = prog or Path(sys.argv[0]).name
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = CommandParser(prog, __doc__)
     parser.add_argument(
         "model_dir", help="a model folder written by vanilla-transformer train or vanilla-transformer main"
     )

@@ -15,19 +15,17 @@ docs/gpu.md. The exit status is 1 where a step failed or timed out, or where a r
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 from ..benchmarks.gpu_check import CheckOptions, exit_status, run_gpu_check
+from ..utils.command_line import CommandParser
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     prog = prog or Path(sys.argv[0]).name
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = CommandParser(prog, __doc__)
     parser.add_argument("--output", help="a copy of the JSON written here too (it is always in the check's folder)")
     parser.add_argument(
         "--output_dir",

@@ -9,7 +9,6 @@ By default the model translates the sentence itself (its default beam search) an
 MODEL_DIR/plots): attention_encoder.png, attention_decoder.png, attention_cross.png.
 """
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -17,13 +16,12 @@ from transformers import AutoTokenizer
 
 from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from ..sharing.plots import attention_maps, plot_attention_maps
+from ..utils.command_line import CommandParser
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     prog = prog or Path(sys.argv[0]).name
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = CommandParser(prog, __doc__)
     parser.add_argument("model_dir")
     parser.add_argument("sentence")
     parser.add_argument("--translation", help="the target sentence to attend over (default: the model's own)")

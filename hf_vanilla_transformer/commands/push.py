@@ -6,18 +6,21 @@ Usage:
 What goes up: the weights (safetensors), config.json (with `auto_map` and the translation pipeline in
 `custom_pipelines`), the remote-code files (configuration, modeling, pipeline), the tokenizer, the generation config,
 the model card (README.md, rendered for REPO_ID and checked with huggingface_hub), results.json, training_log.json
-and the plots. Checkpoints and other training leftovers stay home. `--dry-run` lists exactly these files with their
-sizes and touches no network. Without a token (`hf auth login` or HF_TOKEN) or without a network the script stops
-with a message before anything is uploaded. Before uploading it says in one line whether the repository will be
-public (a new repository is, unless --private) or private. results.json and the card go up without tokens or local
-paths, and without test sentences of your own data unless training was asked to publish them (docs/security.md).
+and the plots. Checkpoints and other training leftovers stay home. Only regular files inside MODEL_DIR are read: a
+symbolic link, a hard link to a file outside, or a training_log.json that is not the run's is refused in one line
+naming it and left out (the push stops where the model needs it). `--dry-run` lists exactly the files that would go
+up, with their sizes, says what it refused, and touches no network. Without a token (`hf auth login` or HF_TOKEN)
+or without a network the script stops with a message before anything is uploaded. Before uploading it says in one
+line whether the repository will be public (a new repository is, unless --private) or private. results.json and the
+card go up without tokens or local paths, and without test sentences of your own data unless training was asked to
+publish them (docs/security.md).
 """
 
-import argparse
 import sys
 from pathlib import Path
 
 from ..sharing.hub import PublishError, push_model_folder
+from ..utils.command_line import CommandParser
 
 
 def human(size: int) -> str:
@@ -31,9 +34,7 @@ def human(size: int) -> str:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     prog = prog or Path(sys.argv[0]).name
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = CommandParser(prog, __doc__)
     parser.add_argument(
         "model_dir", help="a model folder written by vanilla-transformer train or vanilla-transformer main"
     )

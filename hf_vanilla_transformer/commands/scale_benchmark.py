@@ -27,9 +27,8 @@ class ScriptArguments:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     prog = prog or Path(sys.argv[0]).name
-    options, script = HfArgumentParser((ScaleBenchmarkConfig, ScriptArguments), prog=prog).parse_args_into_dataclasses(
-        args=argv
-    )
+    parser = HfArgumentParser((ScaleBenchmarkConfig, ScriptArguments), prog=prog, allow_abbrev=False)
+    options, script = parser.parse_args_into_dataclasses(args=argv)
     results = run_scale_benchmark(options)
     print(scale_table(results))
     if script.json:

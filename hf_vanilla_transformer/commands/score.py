@@ -8,11 +8,10 @@ Usage:
     vanilla-transformer score EXPORT_DIR --engine onnx          # or ctranslate2: a folder from `vanilla-transformer export`
 
 Prints sacreBLEU with its signature, chrF, and (with --tokenized_bleu) the paper-style tokenized BLEU. A bad data
-file (its file, line and what was expected) or a missing model folder ends the script with one line on standard
-error (exit status 1).
+file (its file, line and what was expected), a missing model folder, or a source longer than --max_tokens tokens
+(with every engine) ends the script with one line on standard error (exit status 1).
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,14 +22,13 @@ from ..data.corpora import load_corpus
 from ..data.splits import CorpusError
 from ..deploy.engines import add_engine_argument, check_engine_arguments, load_export
 from ..evaluation.metrics import compute_bleu
-from ..evaluation.translation import add_remote_code_argument, evaluate_translations, load_translator
+from ..evaluation.translation import add_max_tokens_argument, add_remote_code_argument, load_translator, translate
+from ..utils.command_line import CommandParser
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     prog = prog or Path(sys.argv[0]).name
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = CommandParser(prog, __doc__)
     parser.add_argument("model", help="model folder (or Hub id) with its tokenizer; an export with --engine")
     add_engine_argument(parser)
     parser.add_argument("--dataset", default="libreoffice-help")
@@ -39,6 +37,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     parser.add_argument("--split", default="test")
     parser.add_argument("--data_files", help="local pairs: a TSV, a JSONL, or 'src.txt,ref.txt'")
     parser.add_argument("--num_beams", type=int, help="beam size (default: the model's, 4)")
+    add_max_tokens_argument(parser)
     parser.add_argument("--tokenized_bleu", action="store_true", help="also the paper-style tokenized BLEU")
     parser.add_argument("--output", help="write the translations here, one per line")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -62,22 +61,20 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             model, tokenizer = load_translator(args.model, args.device, trust_remote_code=args.trust_remote_code)
         else:
             engine = load_export(args.engine, args.model, args.device, workers=args.workers)
-    except (OSError, ValueError, CorpusError) as error:
+    except (OSError, ValueError, CorpusError, ImportError) as error:
         raise SystemExit(f"{prog}: {error}") from None
 
-    # 2. Translate, score, report.
-    kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
+    # 2. Translate (every engine within --max_tokens), score, report.
+    kwargs = {"max_tokens": args.max_tokens, **({"num_beams": args.num_beams} if args.num_beams else {})}
     sources, references = list(pairs["source"]), list(pairs["target"])
-    if args.engine == "torch":
-        try:
-            scores, hypotheses = evaluate_translations(
-                model, tokenizer, sources, references, tokenized_bleu=args.tokenized_bleu, **kwargs
-            )
-        except ValueError as error:  # a source too long to translate, named
-            raise SystemExit(f"{prog}: {error}") from None
-    else:
-        hypotheses = engine.translate(sources, **kwargs)
-        scores = compute_bleu(hypotheses, references, tokenized=args.tokenized_bleu)
+    try:
+        if args.engine == "torch":
+            hypotheses = translate(model, tokenizer, sources, **kwargs)
+        else:
+            hypotheses = engine.translate(sources, **kwargs)
+    except ValueError as error:  # a source too long for --max_tokens (or for an export's positions), named
+        raise SystemExit(f"{prog}: {error}") from None
+    scores = compute_bleu(hypotheses, references, tokenized=args.tokenized_bleu)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
             handle.writelines(text + "\n" for text in hypotheses)

@@ -10,12 +10,12 @@ Sentences are batched by length (longest first) and written back in input order;
 empty line without running the model. Decoding uses the model's generation config (the paper's beam 4, GNMT length
 penalty 0.6, source length + 50) unless a flag overrides it. `--compile auto` compiles the decoding step where it pays: on CUDA from
 4,000 sentences (an estimate, docs/gpu.md), never on a CPU (real input decodes faster eager there, docs/speed.md). A
-missing or unreadable input file or model folder, or a line longer than --max_tokens tokens, ends the command with
-one line saying what was expected (exit status 1). The model is this package's; a folder's own code runs only with
+missing or unreadable input file (bytes that are not UTF-8 included) or model folder, or a line longer than
+--max_tokens tokens (with every engine, as with an export's own position limit), ends the command with one line
+saying what was expected (exit status 1). The model is this package's; a folder's own code runs only with
 --trust_remote_code.
 """
 
-import argparse
 import io
 import sys
 from pathlib import Path
@@ -24,31 +24,25 @@ import torch
 
 from ..data.corpora import decode_text, read_text
 from ..deploy.engines import add_engine_argument, check_engine_arguments, load_export
-from ..evaluation.translation import COMPILE_CHOICES, add_remote_code_argument, load_translator, translate
-
-
-def positive_tokens(text: str) -> int:
-    """--max_tokens: a positive whole number of tokens (argparse names the flag and the value otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is invalid; expected a positive number of tokens")
-    return value
+from ..evaluation.translation import (
+    COMPILE_CHOICES,
+    add_max_tokens_argument,
+    add_remote_code_argument,
+    load_translator,
+    translate,
+)
+from ..utils.command_line import CommandParser
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     prog = prog or Path(sys.argv[0]).name
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = CommandParser(prog, __doc__)
     parser.add_argument("model", help="model folder (or Hub id) with its tokenizer; an export with --engine")
     add_engine_argument(parser)
     parser.add_argument("--input", help="input file (default: standard input)")
     parser.add_argument("--output", help="output file (default: standard output)")
     parser.add_argument("--num_beams", type=int, help="beam size (default: the model's, 4)")
-    parser.add_argument("--max_tokens", type=positive_tokens, default=4000, help="padded source tokens per batch")
+    add_max_tokens_argument(parser)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add_remote_code_argument(parser)
     parser.add_argument(
@@ -70,22 +64,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
             model, tokenizer = load_translator(args.model, args.device, trust_remote_code=args.trust_remote_code)
         else:
             engine = load_export(args.engine, args.model, args.device, workers=args.workers)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, ImportError) as error:
         raise SystemExit(f"{prog}: {error}") from None
     lines = [line.rstrip("\n") for line in io.StringIO(text, newline=None)]  # one sentence per line, as `open`
 
-    # 2. Translate and write in input order.
-    kwargs = {"num_beams": args.num_beams} if args.num_beams else {}
-    if args.engine in ("ctranslate2", "onnx"):
-        outputs = engine.translate(lines, **kwargs)
-    else:
-        progress = sys.stderr.isatty()
-        try:
-            outputs = translate(
-                model, tokenizer, lines, max_tokens=args.max_tokens, progress=progress, compile=args.compile, **kwargs
-            )
-        except ValueError as error:  # a line too long for --max_tokens, named
-            raise SystemExit(f"{prog}: {error}") from None
+    # 2. Translate and write in input order, every engine within --max_tokens.
+    kwargs = {"max_tokens": args.max_tokens, **({"num_beams": args.num_beams} if args.num_beams else {})}
+    try:
+        if args.engine == "torch":
+            outputs = translate(model, tokenizer, lines, progress=sys.stderr.isatty(), compile=args.compile, **kwargs)
+        else:
+            outputs = engine.translate(lines, **kwargs)
+    except ValueError as error:  # a line too long for --max_tokens (or for an export's positions), named
+        raise SystemExit(f"{prog}: {error}") from None
     if args.output:
         try:
             with open(args.output, "w", encoding="utf-8") as handle:

@@ -19,13 +19,15 @@ from pathlib import Path
 
 import torch
 
+from ..data.batching import inference_batches
 from ..data.tokenizer import copy_tokenizer_files
+from ..data.translation_bounds import TRANSLATION_MAX_TOKENS, encode_within
 from ..model.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     sinusoidal_positions,
     token_positions,
 )
-from .rules import EXPORT_INFO, decoding_arguments, recorded_decoding
+from .rules import EXPORT_INFO, check_positions, decoding_arguments, recorded_decoding
 
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16")
@@ -279,19 +281,11 @@ class CTranslate2Translator:
         self.defaults = self.info.get("decoding") or decoding_defaults(self.info.get("generation", {}))
 
     def tokens(self, sentences: list[str]) -> list[list[str]]:
-        """Source tokens without the `</s>` (CTranslate2 appends it); refuses a source longer than the table."""
-        tokens = [
+        """Source tokens without the `</s>` (CTranslate2 appends it)."""
+        return [
             self.tokenizer.convert_ids_to_tokens(self.tokenizer(s, add_special_tokens=False)["input_ids"])
             for s in sentences
         ]
-        limit = self.info["max_source_tokens"]
-        for sentence, source in zip(sentences, tokens, strict=True):
-            if len(source) > limit:
-                raise ValueError(
-                    f"A source of {len(source)} tokens is longer than this export's {limit} (max_positions "
-                    f"{self.info['max_positions']}): {sentence[:60]!r}... Export again with a larger --max_positions."
-                )
-        return tokens
 
     def translate(
         self,
@@ -300,31 +294,41 @@ class CTranslate2Translator:
         length_penalty: float | None = None,
         relative_max_length: int | None = None,
         max_batch_size: int = 32,
+        max_tokens: int = TRANSLATION_MAX_TOKENS,
     ) -> list[str]:
         """Translations in input order, empty sentences kept empty; at most source length + `relative_max_length`
-        tokens each, as the model's §6.1 rule (CTranslate2 caps the whole batch at the longest source's limit). Beams,
-        α and the length limit default to the model's (`self.defaults`)."""
+        tokens each, as the model's §6.1 rule (CTranslate2 caps a batch at its longest source's limit). Beams, α and
+        the length limit default to the model's (`self.defaults`). The bounds of `translate()`: batches of at most
+        `max_tokens` padded source tokens (`</s>` included) and `max_batch_size` sentences, a longer line refused in
+        one line naming it (data/translation_bounds.py), as is one longer than the export's position table."""
         num_beams, length_penalty, relative_max_length = decoding_arguments(
             self.defaults, num_beams, length_penalty, relative_max_length, max_batch_size
         )
         texts = [i for i, sentence in enumerate(sentences) if sentence.strip()]
         outputs = [""] * len(sentences)
-        if not texts:
-            return outputs
-        sources = self.tokens([sentences[i] for i in texts])
-        # Fewer sentences than workers x max_batch_size: smaller batches, so that every worker has one.
-        max_batch_size = min(max_batch_size, math.ceil(len(sources) / self.workers))
-        results = self.translator.translate_batch(
-            sources,
-            beam_size=num_beams,
-            length_penalty=length_penalty if num_beams > 1 else 0.0,
-            max_decoding_length=self._decoding_limit(sources, relative_max_length),
-            max_batch_size=max_batch_size,
-            batch_type="examples",
-        )
-        for index, result in zip(texts, results, strict=True):
-            ids = self.tokenizer.convert_tokens_to_ids(result.hypotheses[0])
-            outputs[index] = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+        sources = encode_within(self.tokens, sentences, texts, max_tokens, appended=1)
+        limit, positions = self.info["max_source_tokens"], self.info["max_positions"]
+        table = f"this export's {limit} (max_positions {positions}); export again with a larger --max_positions"
+        check_positions([len(source) for source in sources], texts, limit, table)
+        # Fewer sentences than workers x max_batch_size: smaller batches, so that every worker has one. Each batch
+        # is queued at once (asynchronous): the workers translate them side by side.
+        per_batch = min(max_batch_size, math.ceil(len(sources) / self.workers)) if sources else max_batch_size
+        batches = inference_batches([len(source) + 1 for source in sources], max_tokens, per_batch)
+        pending = [
+            self.translator.translate_batch(
+                [sources[i] for i in batch],
+                beam_size=num_beams,
+                length_penalty=length_penalty if num_beams > 1 else 0.0,
+                max_decoding_length=self._decoding_limit([sources[i] for i in batch], relative_max_length),
+                max_input_length=0,  # never cut short: the sources were bounded above
+                asynchronous=True,
+            )
+            for batch in batches
+        ]
+        for batch, results in zip(batches, pending, strict=True):
+            for index, result in zip(batch, results, strict=True):
+                ids = self.tokenizer.convert_tokens_to_ids(result.result().hypotheses[0])
+                outputs[texts[index]] = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
         return outputs
 
     def _decoding_limit(self, sources: list[list[str]], relative_max_length: int | None) -> int:

@@ -38,16 +38,22 @@ def load_export(
 ):
     """The translator of a folder written by `scripts/export.py`: a `CTranslate2Translator` or an `OnnxTranslator`,
     both with `translate(sentences, num_beams=...)`. `threads` None: as many as PyTorch uses. `workers` (CTranslate2
-    only): batches translated at once; None: one per thread on a CPU."""
+    only): batches translated at once; None: one per thread on a CPU. Without the engine's package, an ImportError
+    says what to install."""
     if workers is not None and engine != "ctranslate2":
         raise ValueError(f"workers={workers!r} applies to the ctranslate2 engine only, not to {engine!r}.")
+    if engine not in ENGINES[1:]:
+        raise ValueError(f"engine={engine!r} has no export; expected 'ctranslate2' or 'onnx'.")
     threads = threads or torch.get_num_threads()
-    if engine == "ctranslate2":
-        from .ctranslate2 import CTranslate2Translator
+    try:
+        if engine == "ctranslate2":
+            from .ctranslate2 import CTranslate2Translator
 
-        return CTranslate2Translator(folder, device=device, threads=threads, workers=workers)
-    if engine == "onnx":
+            return CTranslate2Translator(folder, device=device, threads=threads, workers=workers)
         from .onnx_translator import OnnxTranslator
 
         return OnnxTranslator(folder, threads=threads)
-    raise ValueError(f"engine={engine!r} has no export; expected 'ctranslate2' or 'onnx'.")
+    except ImportError as error:  # an optional dependency: said in one line, as the commands say every error
+        raise ImportError(
+            f"--engine {engine} needs the {error.name or engine} package: pip install 'hf_vanilla_transformer[deploy]'"
+        ) from None

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from ..data.batching import inference_batches
+from ..data.translation_bounds import TRANSLATION_MAX_TOKENS, encode_within
 from .onnx import ONNX_FILES, cache_names
-from .rules import EARLY_STOPPING, EXPORT_INFO, PENALTY_NAMES, decoding_arguments
+from .rules import EARLY_STOPPING, EXPORT_INFO, PENALTY_NAMES, check_positions, decoding_arguments
 
 
 class OnnxTranslator:
@@ -48,15 +49,7 @@ class OnnxTranslator:
     def encode(self, sentences: list[str]) -> list[list[int]]:
         """Source ids with `</s>` appended, as the package's tokenizer gives them."""
         encodings = self.tokenizer.encode_batch(sentences, add_special_tokens=False)
-        ids = [[*encoding.ids, self.info["eos_token_id"]] for encoding in encodings]
-        limit = self.info.get("max_source_tokens")
-        for sentence, source in zip(sentences, ids, strict=True):
-            if limit is not None and len(source) > limit:
-                raise ValueError(
-                    f"A source of {len(source)} tokens is longer than the model's {limit} learned positions: "
-                    f"{sentence[:60]!r}..."
-                )
-        return ids
+        return [[*encoding.ids, self.info["eos_token_id"]] for encoding in encodings]
 
     def translate(
         self,
@@ -67,9 +60,12 @@ class OnnxTranslator:
         max_batch_size: int = 32,
         length_penalty_type: str | None = None,
         early_stopping: bool | str | None = None,
+        max_tokens: int = TRANSLATION_MAX_TOKENS,
     ) -> list[str]:
         """Translations in input order, empty and whitespace-only sentences kept empty; the model's decoding
-        defaults (from the export) unless given."""
+        defaults (from the export) unless given. The bounds of `translate()`: batches of at most `max_tokens` padded
+        source tokens and `max_batch_size` sentences, a longer line refused in one line naming it
+        (data/translation_bounds.py), as is one longer than a learned position table."""
         num_beams, alpha, relative = decoding_arguments(
             self.defaults, num_beams, length_penalty, relative_max_length, max_batch_size
         )
@@ -79,10 +75,10 @@ class OnnxTranslator:
         }
         outputs = [""] * len(sentences)
         texts = [i for i, sentence in enumerate(sentences) if sentence.strip()]
-        if not texts:
-            return outputs
-        sources = self.encode([sentences[i] for i in texts])
-        for chunk in inference_batches([len(source) for source in sources], max_sentences=max_batch_size):
+        sources = encode_within(self.encode, sentences, texts, max_tokens)
+        limit = self.info.get("max_source_tokens")
+        check_positions([len(source) for source in sources], texts, limit, f"the model's {limit} learned positions")
+        for chunk in inference_batches([len(source) for source in sources], max_tokens, max_batch_size):
             ids = self.search([sources[i] for i in chunk], num_beams, alpha, relative, **rules)
             for i, tokens in zip(chunk, ids, strict=True):
                 outputs[texts[i]] = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()

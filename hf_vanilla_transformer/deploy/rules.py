@@ -39,3 +39,12 @@ def decoding_arguments(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} is invalid; expected an integer >= 1.")
     return num_beams, length_penalty, relative_max_length
+
+
+def check_positions(lengths: list[int], texts: list[int], limit: int | None, what: str) -> None:
+    """Refuse the first source longer than `limit` tokens (None: no limit), counted as the export counts them:
+    `lengths` of the sentences `texts` (indices into the input, so that the ValueError names the line) and `what`
+    the limit is ("this export's 1023 (max_positions 1024)...")."""
+    for index, length in zip(texts, lengths, strict=True):
+        if limit is not None and length > limit:
+            raise ValueError(f"line {index + 1} is a source of {length:,} tokens, longer than {what}.")

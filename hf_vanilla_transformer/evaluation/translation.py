@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.generation import CompileConfig
 
 from ..data.batching import inference_batches
+from ..data.translation_bounds import TRANSLATION_MAX_TOKENS, check_max_tokens, encode_within
 from ..utils.kernels import without_cudnn_attention
 from .metrics import compute_bleu
 
@@ -58,6 +60,25 @@ def add_remote_code_argument(parser) -> None:
     )
 
 
+def add_max_tokens_argument(parser) -> None:
+    """The commands' `--max_tokens`: the padded source tokens of a batch, so the longest line any engine translates
+    (data/translation_bounds.py); argparse names the flag and a value that is no positive number."""
+    parser.add_argument(
+        "--max_tokens",
+        type=positive_tokens,
+        default=TRANSLATION_MAX_TOKENS,
+        help="padded source tokens per batch; a longer line is refused, naming it (default: %(default)s)",
+    )
+
+
+def positive_tokens(text: str) -> int:
+    """--max_tokens: a positive whole number of tokens."""
+    try:
+        return check_max_tokens(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid; expected a positive number of tokens") from None
+
+
 # Sentences after which a compiled decoding step (static cache + torch.compile) has paid for its compilation, per
 # device kind; a kind not listed stays eager under compile="auto".
 # - CPU: never. On a 2-core AVX2 CPU the compiled step decodes 5-12% faster on batches of one shape
@@ -75,10 +96,6 @@ COMPILE_PAYS_AFTER_SENTENCES: dict[str, int] = {"cuda": 4000}
 SHAPE_STEP = 16
 COMPILE_CHOICES = ("auto", "always", "never")
 RECOMPILE_LIMIT = 64
-# Characters a sentence may hold per token of `max_tokens` before it is refused without being tokenized: far more
-# than any tokenizer's average (a byte-level BPE's token is 2-5 characters), so that only a line no batch could hold
-# (a file without line ends, a megabyte of one word) is refused unread; the others are counted in tokens.
-CHARS_PER_TOKEN = 32
 
 
 def compile_pays(compile: str, device: torch.device | str, sentences: int) -> bool:
@@ -122,7 +139,7 @@ def translate(
     model,
     tokenizer,
     sentences: list[str],
-    max_tokens: int = 4000,
+    max_tokens: int = TRANSLATION_MAX_TOKENS,
     max_sentences: int = 128,
     progress: bool = True,
     compile: str = "auto",
@@ -135,10 +152,9 @@ def translate(
     sentence for them). `generate_kwargs` go to `model.generate` (e.g. `num_beams=1` for greedy decoding).
     `compile` ("auto", "always", "never") decides whether the decoding step runs compiled (`compile_pays`); the
     tokens are the same either way. The model runs in eval mode and is left in the mode it was given in. A sentence
-    that alone holds more than `max_tokens` tokens is refused before any decoding (`encode_within`).
+    that alone holds more than `max_tokens` tokens is refused before any decoding (data/translation_bounds.py).
     """
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"max_tokens={max_tokens!r} is invalid; expected a positive number of tokens.")
+    check_max_tokens(max_tokens)
     if isinstance(sentences, str):
         raise TypeError("translate() takes a list of sentences; wrap a single one in a list.")
     sentences = list(sentences)
@@ -158,7 +174,7 @@ def translate(
 
 def _translate(model, tokenizer, sentences, max_tokens, max_sentences, progress, compile, generate_kwargs) -> list[str]:
     texts = [i for i, sentence in enumerate(sentences) if sentence.strip()]  # the sentences to translate
-    encoded = encode_within(tokenizer, sentences, texts, max_tokens)
+    encoded = encode_within(lambda chunk: tokenizer(chunk)["input_ids"], sentences, texts, max_tokens)
     outputs: list[str] = [""] * len(sentences)
     device = next(model.parameters()).device
     compiled = compile_pays(compile, device, len(texts))
@@ -174,27 +190,6 @@ def _translate(model, tokenizer, sentences, max_tokens, max_sentences, progress,
             bar.update(len(batch))
     bar.close()
     return outputs
-
-
-def encode_within(tokenizer, sentences: list[str], texts: list[int], max_tokens: int) -> list[list[int]]:
-    """The token ids of the sentences `texts` (indices into `sentences`), each at most `max_tokens` long: a sentence
-    longer than `CHARS_PER_TOKEN` characters a token is refused before it is tokenized, one of more tokens after;
-    the ValueError names its line (index + 1) and its length."""
-    most = max_tokens * CHARS_PER_TOKEN
-    for index in texts:
-        if len(sentences[index]) > most:
-            raise ValueError(
-                f"line {index + 1} is {len(sentences[index]):,} characters long, more than max_tokens={max_tokens} "
-                f"tokens can hold ({most:,} characters); split it, or raise max_tokens (--max_tokens)."
-            )
-    encoded = tokenizer([sentences[i] for i in texts])["input_ids"] if texts else []
-    for index, ids in zip(texts, encoded, strict=True):
-        if len(ids) > max_tokens:
-            raise ValueError(
-                f"line {index + 1} is {len(ids):,} tokens long, more than max_tokens={max_tokens} (the padded source "
-                "tokens of a batch); split it, or raise max_tokens (--max_tokens)."
-            )
-    return encoded
 
 
 def batch_features(model, tokenizer, ids: list[list[int]], step: int, generate_kwargs: dict) -> tuple[dict, dict]:

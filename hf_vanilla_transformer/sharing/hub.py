@@ -1,9 +1,12 @@
 """Publishing a model folder to the Hugging Face Hub: what it publishes (weights, tokenizer, remote code, the card,
-the plots, the translation pipeline's code), the checks before anything is uploaded, and the one commit."""
+the plots, the translation pipeline's code), the checks before anything is uploaded (what is read of the folder, and
+how: reading.py), and the one commit."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,11 +14,15 @@ from ..data.tokenizer import TOKENIZER_FILES
 from ..model import REMOTE_CODE_FILES
 from ..utils.redact import public_command, publishable
 from .model_card import render_model_card
+from .reading import PNG, ModelFolder, RefusedFile, json_object, open_model_folder, training_log
 
 
-# What a model folder publishes: these files as they are; config.json with the pipeline added; the card rendered for
-# the repository; plots/*.png; the pipeline's code. Training leftovers (checkpoint-*/, the tokenizer/ copy used for
-# resuming) stay home.
+logger = logging.getLogger(__name__)
+
+# What a model folder publishes: these files as they are (training_log.json once read as the run writes it);
+# config.json with the pipeline added; the card rendered for the repository; plots/*.png; the pipeline's code. Each
+# only as a regular file inside the folder (sharing/reading.py). Training leftovers (checkpoint-*/, the tokenizer/
+# copy used for resuming) stay home.
 COPIED = (
     "generation_config.json",
     "model.safetensors",
@@ -29,6 +36,13 @@ REQUIRED = (
     "model.safetensors",
     "tokenizer.json",
     *REMOTE_CODE_FILES,
+)
+
+# The code a published repository may name in an `auto_map`: the modules the upload holds, this package's own.
+OWN_CODE = frozenset(
+    Path(name).stem
+    for name in (*REMOTE_CODE_FILES, *TOKENIZER_FILES, "pipeline_vanilla_transformer.py")
+    if name.endswith(".py")
 )
 
 
@@ -77,62 +91,150 @@ def check_model_card(text: str):
     return card
 
 
-def stage_for_hub(model_dir: str | Path, staging_dir: str | Path, repo_id: str | None = None) -> list[Path]:
+def stage_for_hub(
+    model_dir: str | Path, staging_dir: str | Path, repo_id: str | None = None
+) -> tuple[list[Path], list[str]]:
     """Copy what `model_dir` publishes into `staging_dir`, ready to upload: the files of `COPIED`, the plots, the
     translation pipeline's code named in `config.json` (`custom_pipelines`), and a model card whose usage examples
-    name `repo_id`. Returns the staged files. Raises `PublishError` if the folder is not a complete model folder.
+    name `repo_id`. Only regular files inside the folder are read, never through a link (sharing/reading.py).
+
+    Returns (the staged files, one line for each file refused and left out, naming it). Raises `PublishError` if the
+    folder is not a complete model folder, or a file it needs is refused.
     """
+    model_dir, staging_dir = Path(model_dir), Path(staging_dir)
+    try:
+        folder = open_model_folder(model_dir)
+    except (NotADirectoryError, FileNotFoundError):
+        raise PublishError(f"{model_dir} is not a folder; expected a model folder written by training.") from None
+    except OSError as error:
+        raise PublishError(f"Cannot open {model_dir}: {error.strerror}. Nothing was uploaded.") from None
+    try:
+        with folder:
+            return _stage(folder, staging_dir, repo_id)
+    except RefusedFile as error:  # a file the model cannot go without
+        raise PublishError(f"Cannot publish {model_dir}: {error}. Nothing was uploaded.") from None
+    except OSError as error:  # a file that cannot be read (its permissions), a full disk under the staging folder
+        where = f" ({error.filename})" if error.filename else ""
+        raise PublishError(f"Cannot publish {model_dir}: {error.strerror}{where}. Nothing was uploaded.") from None
+
+
+def _stage(folder: ModelFolder, staging_dir: Path, repo_id: str | None) -> tuple[list[Path], list[str]]:
+    """`stage_for_hub` on the open folder: what is required checked first, then each file staged or refused."""
+    missing = [name for name in REQUIRED if not folder.exists(name)]
+    if missing:
+        raise PublishError(
+            f"{folder.path} is not a complete model folder: {', '.join(missing)} missing. Publish the output folder "
+            "of scripts/train.py or scripts/main.py (or a folder written by save_pretrained)."
+        )
+    config = folder.json("config.json")
+    if "AutoModelForSeq2SeqLM" not in config.get("auto_map", {}):
+        raise PublishError(f"{folder.path / 'config.json'} has no auto_map; save the model with the package imported.")
+    check_own_code("config.json", config)
+    staging_dir.mkdir(parents=True, exist_ok=True)
+    refused = []
+    try:
+        plots = [f"plots/{name}" for name in folder.names("plots") if name.endswith(".png")]
+    except RefusedFile as error:
+        plots = []
+        refused.append(not_uploaded(error))
+    staged = []
+    for name in [*(name for name in COPIED if name != "results.json"), *plots]:
+        try:
+            staged += _stage_file(folder, name, staging_dir / name)
+        except RefusedFile as error:
+            if name in REQUIRED:
+                raise
+            refused.append(not_uploaded(error))
+    staged += _pipeline(config, staging_dir)
+    # The card: rendered again from the results so that its examples name the repository, else the folder's own.
+    plots = [str(path.relative_to(staging_dir)) for path in staged if path.parent.name == "plots"]
+    staged += _card(folder, staging_dir, repo_id, plots, refused)
+    return sorted(staged), refused
+
+
+def not_uploaded(error: RefusedFile) -> str:
+    """The line that says a file was refused and left out of the upload, and why."""
+    return f"Not uploaded: {error}."
+
+
+def _stage_file(folder: ModelFolder, name: str, target: Path) -> list[Path]:
+    """The file `name` of the folder copied to `target` (none where the folder has no such file): as it is, a plot
+    only if it is a PNG, `training_log.json` written again once read as the run writes it (`reading.training_log`).
+    Raises RefusedFile naming it where push does not read it."""
+    if not folder.exists(name):
+        return []
+    target.parent.mkdir(exist_ok=True)
+    if name == "tokenizer_config.json":  # written as read, once its code is known to be this package's
+        text = folder.text(name)
+        check_own_code(name, json_object(name, text))
+        target.write_text(text, encoding="utf-8")
+    elif name == "training_log.json":
+        log = folder.json(name)
+        try:
+            training_log(log)
+        except ValueError as error:
+            raise RefusedFile(name, f"not the log the run writes: {error}") from None
+        target.write_text(json.dumps(log, indent=2) + "\n", encoding="utf-8")
+    else:
+        folder.copy(name, target, starts_with=PNG if name.startswith("plots/") else b"")
+    return [target]
+
+
+def check_own_code(name: str, config: dict) -> None:
+    """Refuse a config (`config.json`, `tokenizer_config.json`) whose `auto_map` names code other than this
+    package's modules (`OWN_CODE`): another repository's code (`owner/repo--module.Class`), or any module but
+    these, would run on every machine that loads the repository with `trust_remote_code=True`, as the card says to."""
+    auto_map = config.get("auto_map") or {}
+    named = []  # each class: "module.Class", or a tokenizer's [slow, fast] with None for a missing one
+    for value in auto_map.values() if isinstance(auto_map, dict) else [auto_map]:
+        named += [item for item in (value if isinstance(value, list) else [value]) if item is not None]
+    foreign = [item for item in named if not isinstance(item, str) or item.rpartition(".")[0] not in OWN_CODE]
+    if foreign:
+        raise PublishError(
+            f"{name}'s auto_map names code that is not this package's ({', '.join(map(str, foreign[:3]))}): it would "
+            "run wherever the repository is loaded with trust_remote_code=True. Nothing was uploaded; publish a folder "
+            "whose auto_map names only this package's files (a converted source's tokenizer config can carry one)."
+        )
+
+
+def _pipeline(config: dict, staging_dir: Path) -> list[Path]:
+    """The pipeline travels with the model: its file, and its registration in the config, written as
+    Pipeline.save_pretrained writes it: the class named in that file, the model classes by name."""
     import inspect
-    import json
     import shutil
 
     from ..model.pipeline_vanilla_transformer import VanillaTranslationPipeline
 
-    model_dir, staging_dir = Path(model_dir), Path(staging_dir)
-    if not model_dir.is_dir():
-        raise PublishError(f"{model_dir} is not a folder; expected a model folder written by training.")
-    missing = [name for name in REQUIRED if not (model_dir / name).exists()]
-    if missing:
-        raise PublishError(
-            f"{model_dir} is not a complete model folder: {', '.join(missing)} missing. Publish the output folder "
-            "of scripts/train.py or scripts/main.py (or a folder written by save_pretrained)."
-        )
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    if "AutoModelForSeq2SeqLM" not in config.get("auto_map", {}):
-        raise PublishError(f"{model_dir / 'config.json'} has no auto_map; save the model with the package imported.")
-    staging_dir.mkdir(parents=True, exist_ok=True)
-    staged = []
-    for name in COPIED:
-        if (model_dir / name).exists():
-            staged.append(Path(shutil.copy2(model_dir / name, staging_dir / name)))
-    for plot in sorted((model_dir / "plots").glob("*.png")):
-        (staging_dir / "plots").mkdir(exist_ok=True)
-        staged.append(Path(shutil.copy2(plot, staging_dir / "plots" / plot.name)))
-    # The pipeline travels with the model: its file, and its registration (__init__.py) in the config, written as
-    # Pipeline.save_pretrained writes it: the class named in that file, the model classes by name.
     source = Path(inspect.getfile(VanillaTranslationPipeline))
-    staged.append(Path(shutil.copy2(source, staging_dir / source.name)))
+    shutil.copy2(source, staging_dir / source.name)
     config["custom_pipelines"] = {
         task: {**info, "impl": f"{source.stem}.{info['impl'].__name__}", "pt": [model.__name__ for model in info["pt"]]}
         for task, info in VanillaTranslationPipeline._registered_impl.items()
     }
     (staging_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    staged.append(staging_dir / "config.json")
-    # The card: rendered again from the results so that its examples name the repository, else the folder's own.
-    card = staging_dir / "README.md"
-    if (model_dir / "results.json").exists():
-        results = public_results(json.loads((model_dir / "results.json").read_text(encoding="utf-8")), model_dir)
+    return [staging_dir / source.name, staging_dir / "config.json"]
+
+
+def _card(folder: ModelFolder, staging_dir: Path, repo_id: str | None, plots: list[str], refused: list[str]) -> list:
+    """The model card (README.md), rendered from results.json (staged too, without tokens or paths:
+    `public_results`), else the folder's own README.md; checked with huggingface_hub. A refused results.json is
+    said in `refused`."""
+    card, results = staging_dir / "README.md", None
+    try:
+        results = folder.json("results.json") if folder.exists("results.json") else None
+    except RefusedFile as error:
+        refused.append(not_uploaded(error))
+    if results is not None:
+        results = public_results(results, folder.path)
         text = json.dumps(results, indent=2, ensure_ascii=False) + "\n"
         (staging_dir / "results.json").write_text(text, encoding="utf-8")
-        plots = [str(path.relative_to(staging_dir)) for path in staged if path.parent.name == "plots"]
         card.write_text(render_model_card(results, repo_id=repo_id, plots=plots), encoding="utf-8")
-    elif (model_dir / "README.md").exists():
-        shutil.copy2(model_dir / "README.md", card)
+    elif folder.exists("README.md"):
+        card.write_text(folder.text("README.md"), encoding="utf-8")
     else:
-        raise PublishError(f"{model_dir} has neither results.json nor README.md: there is no model card to publish.")
+        raise PublishError(f"{folder.path} has neither results.json nor README.md: there is no model card to publish.")
     check_model_card(card.read_text(encoding="utf-8"))
-    staged.append(card)
-    return sorted(staged)
+    return [card] if results is None else [card, staging_dir / "results.json"]
 
 
 def public_results(results: dict, model_dir: str | Path) -> dict:
@@ -182,7 +284,9 @@ def push_model_folder(
     Returns (the upload plan, the commit URL or None for a dry run). A dry run stages and checks everything and
     touches no network. Without a token, or when the Hub cannot be reached, raises `PublishError` before anything
     is uploaded; the single commit means a failure never leaves a half-uploaded repository. Before uploading, `say`
-    (the push command's `print`) gets one line saying whether the repository will be public or private.
+    (the push command's `print`; by default the log's warnings) gets one line for each file refused and left out
+    (a link, a hard link to a file outside, a log that is not the run's: sharing/reading.py), a dry run too, then
+    one line saying whether the repository will be public or private.
     """
     import tempfile
 
@@ -197,7 +301,9 @@ def push_model_folder(
             f"repo_id={repo_id!r} is invalid: expected 'name' or 'user-or-organisation/name' ({error})"
         ) from error
     with tempfile.TemporaryDirectory(prefix="hub-staging-") as staging:
-        stage_for_hub(model_dir, staging, repo_id=repo_id)
+        _, refused = stage_for_hub(model_dir, staging, repo_id=repo_id)
+        for line in refused:
+            (say or logger.warning)(line)
         plan = upload_plan(staging)
         if dry_run:
             return plan, None

@@ -4,6 +4,7 @@ defaults on top of `Seq2SeqTrainingArguments` (`TransformerTrainingArguments`), 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ from transformers import (
 )
 
 from ..model.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from ..utils.redact import is_secret_flag
 from .averaging import AVERAGE_WINDOW
 from .choices import budgeted, length_penalty_choices, preset_choices, token_choices
 
@@ -289,8 +291,8 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         """A copy of these arguments with a plan's values, what the Trainer runs: the length it runs to, the warmup,
         the checkpoint and validation spacing (None: as given), the precision (`bf16`/`fp16` autocast, `tf32` matrix
         products, `fp32`), the compilation, the batches per update, and the factor the §5.3 schedule multiplies
-        (`learning_rate`). These are left as given."""
-        planned = copy.copy(self)
+        (`learning_rate`). These are left as given, but for the secrets: no `hub_token` (`without_secrets`)."""
+        planned = without_secrets(self)
         planned.max_steps, planned.warmup_steps = max_steps, warmup_steps
         if save_steps:
             planned.save_steps = save_steps
@@ -305,6 +307,18 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         planned.gradient_accumulation_steps = accumulation
         planned.learning_rate = learning_rate
         return planned
+
+
+def without_secrets(args: TransformerTrainingArguments) -> TransformerTrainingArguments:
+    """A copy of `args` without the value of any secret field (`hub_token`). The Trainer pickles its arguments into
+    every checkpoint (`training_args.bin`), which people copy, share and upload with the Hub's own tools: no token
+    goes with them. The run needs none there: it uploads nothing (`push_to_hub` is refused), and what it downloads
+    reads the token of HF_TOKEN or `hf auth login`, as huggingface_hub does."""
+    kept = copy.copy(args)
+    for name in (item.name for item in dataclasses.fields(args)):
+        if is_secret_flag(name):
+            setattr(kept, name, None)
+    return kept
 
 
 def check_schedule_arguments(args: TransformerTrainingArguments) -> None:

@@ -19,6 +19,7 @@ import yaml
 from transformers import HfArgumentParser
 
 from ..configs import config_files
+from ..utils.command_line import unknown_words
 from .arguments import ModelDataArguments, TransformerTrainingArguments
 from .choices import settle_choices
 from .settings import RunSettings, settle
@@ -55,7 +56,7 @@ def machine_recipe(argv: list[str] | None = None) -> str:
     """The recipe of the main job on this machine: `gpu` where PyTorch sees a CUDA device and the command line
     `argv` (default: this process's) does not ask for the CPU (`--use_cpu true`), else `cpu`."""
     argv = sys.argv[1:] if argv is None else argv
-    first = argparse.ArgumentParser(add_help=False)
+    first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument("--use_cpu", nargs="?", const="true", default="false")
     known, _ = first.parse_known_args(argv)
     on_cpu = known.use_cpu.lower() in ("true", "1", "yes")
@@ -76,9 +77,10 @@ def parse_arguments(
     """The two argument dataclasses from the command line `argv`, over the values of `--recipe` (or
     `default_recipe`), over `defaults`. An explicit `--bf16` fixes the precision that a recipe's `auto` would
     measure (`--bf16 false` on an AMX machine shows what a CPU without bf16 units gets). `prog` names the command
-    in the usage and the help (default: the script's file name). The values are parsed, not checked: `parse_run`
-    settles them (`settings.settle`, every check)."""
-    first = argparse.ArgumentParser(add_help=False)
+    in the usage and the help (default: the script's file name). Flags are taken written in full only, and an
+    unknown one is a ValueError naming it without its value (utils/command_line.py). The values are parsed, not
+    checked: `parse_run` settles them (`settings.settle`, every check)."""
+    first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument("--recipe", default=default_recipe)
     known, _ = first.parse_known_args(argv)
     values = dict(defaults or {})
@@ -87,9 +89,11 @@ def parse_arguments(
         values["recipe"] = str(known.recipe)
         if "peak_learning_rate" in values and "preset" in values:  # a recipe file's peak is its own preset's
             values.setdefault("peak_learning_rate_preset", values["preset"])
-    parser = HfArgumentParser((ModelDataArguments, TransformerTrainingArguments), prog=prog)
+    parser = HfArgumentParser((ModelDataArguments, TransformerTrainingArguments), prog=prog, allow_abbrev=False)
     parser.set_defaults(**values)
-    recipe, args = parser.parse_args_into_dataclasses(args=argv)
+    recipe, args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if unknown:  # named without their values (utils/command_line.py)
+        raise ValueError(unknown_words(unknown, parser))
     given = given_flags(argv if argv is not None else sys.argv[1:])
     changes = {}
     if "bf16" in given or "fp16" in given:  # an explicit mixed precision fixes what `auto` would measure

@@ -1,9 +1,10 @@
 """What a run may publish of its command line and of the paths it read (results.json, the model card, the Hub): no
-token and no home path. The value of `--hub_token`, of any other `*_token` flag (`--flag value` or `--flag=value`)
-and anything shaped like a Hugging Face token (`hf_...`) becomes `REDACTED`; a local path becomes its place in the
-output folder where it lies inside it, else its file or folder name (`/home/alice/data/mine.tsv`: `mine.tsv`); a
-home folder left anywhere else in a text becomes `~`. The Hub's own tools never write a token into a repository
-either. training/ (results.json) and sharing/ (the card, the upload) both call this one module.
+token and no home path. The value of `--hub_token` (or of `--hub_tok`, an abbreviation earlier versions took), of
+any other `*_token` flag (`--flag value` or `--flag=value`) and anything shaped like a Hugging Face token (`hf_...`)
+becomes `REDACTED`; a local path becomes its place in the output folder where it lies inside it, else its file or
+folder name (`/home/alice/data/mine.tsv`: `mine.tsv`); a home folder left anywhere else in a text becomes `~`. The
+Hub's own tools never write a token into a repository either. training/ (results.json) and sharing/ (the card, the
+upload) both call this one module.
 """
 
 from __future__ import annotations
@@ -23,10 +24,20 @@ HF_TOKEN = re.compile(r"\b(?:hf|api)_[A-Za-z0-9]{20,}\b")
 PATH_END = r"[^\s'\"`,;()\[\]{}]*"
 
 
+# The shortest prefix of `--hub_token` that argparse took for it before flags had to be written in full
+# (utils/command_line.py): a command line recorded by an earlier version may hold `--hub_tok VALUE`.
+HUB_TOKEN_PREFIX = "hub_t"
+
+
 def is_secret_flag(flag: str) -> bool:
-    """Whether the command-line flag `flag` (`--hub_token`, `--hub-token`, `--token`) carries a secret."""
+    """Whether the command-line flag `flag` (`--hub_token`, `--hub-token`, `--token`, or an abbreviation of
+    `--hub_token` that earlier versions took, `--hub_tok`) carries a secret."""
     name = flag.lstrip("-").replace("-", "_").lower()
-    return name == "token" or name.endswith("_token")
+    return (
+        name == "token"
+        or name.endswith("_token")
+        or (name.startswith(HUB_TOKEN_PREFIX) and "hub_token".startswith(name))
+    )
 
 
 def looks_like_path(text: str) -> bool:
