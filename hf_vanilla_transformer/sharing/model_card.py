@@ -19,7 +19,7 @@ DATASET_IDS = {
 # What the test split is, and what its figures compare with.
 TEST_SPLITS = {
     "libreoffice-help": ", split by file so that no test page was seen in training",
-    "libreoffice-ui": ", split by catalogue file so that no test catalogue was seen in training",
+    "libreoffice-ui": ", split by message (a hash of its English text) so that no test message was seen in training",
     "wmt14": ": newstest2014, the paper's test set",
 }
 COMPARABILITY = {
