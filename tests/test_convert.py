@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -539,6 +540,86 @@ def test_fairseqs_text_pipeline_is_read_from_the_checkpoint_and_honoured(tmp_pat
     assert (
         "tokenizer: the checkpoint names none" in (convert_model(folder, tmp_path / "plain") / "README.md").read_text()
     )
+
+
+# --- Nothing of the source's code travels ----------------------------------------------------------------------------
+
+HOSTILE_AUTO_MAP = {"AutoTokenizer": ["owner/repo--module.Class", None]}
+
+
+def hostile_tokenizer_config(folder: Path, **changes) -> None:
+    """`folder`'s tokenizer_config.json naming code of another repository (`auto_map`), a key no tokenizer defines,
+    a local path, a chat template, and `changes`."""
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config |= dict(auto_map=HOSTILE_AUTO_MAP, owner_setting=1, name_or_path="/home/someone/secret")
+    path.write_text(json.dumps({**config, "chat_template": "{{ messages }}", **changes}))
+
+
+def test_a_hostile_source_folder_hands_nothing_of_its_code_to_the_converted_one(
+    tmp_path, marian_tokenizer, fsmt_tokenizer, fairseq_folder
+):
+    """A source whose tokenizer_config.json names another repository's code (`auto_map`, which the card's
+    `trust_remote_code=True` would run), keys no tokenizer class defines, and languages that would write YAML of
+    their own into the card: the converted folder's tokenizer config keeps only its class's keys, names the source's
+    own transformers class, holds no auto_map (a fairseq one: this package's tokenizer only), and the card's metadata
+    holds each language as one value."""
+    from huggingface_hub import ModelCard
+
+    from hf_vanilla_transformer.data.tokenizer import tokenizer_keys
+
+    marian_source(tmp_path / "marian", marian_tokenizer)
+    hostile = "en\nlicense: mit\nbase_model: owner/repo"
+    hostile_tokenizer_config(tmp_path / "marian", source_lang=hostile, target_lang="de\n---\n# Heading")
+    fsmt_source(tmp_path / "fsmt", fsmt_tokenizer)
+    hostile_tokenizer_config(tmp_path / "fsmt")
+    for family, name in (("marian", "MarianTokenizer"), ("fsmt", "FSMTTokenizer")):
+        output = convert_model(tmp_path / family, tmp_path / f"{family}-out")
+        config = json.loads((output / "tokenizer_config.json").read_text())
+        assert "auto_map" not in config and config["tokenizer_class"] == name, config
+        assert set(config) <= tokenizer_keys(type(AutoTokenizer.from_pretrained(output))), config
+        assert not {"owner_setting", "name_or_path", "chat_template"} & set(config)
+        assert not (output / "chat_template.jinja").exists()
+        assert set(json.loads((output / "config.json").read_text())["auto_map"].values()) == {
+            "configuration_vanilla_transformer.VanillaTransformerConfig",
+            "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
+        }
+    card = ModelCard((tmp_path / "marian-out" / "README.md").read_text())
+    assert card.data.language == [hostile, "de\n---\n# Heading"]
+    assert card.data.license is None and card.data.base_model is None
+    fairseq = convert_model(fairseq_folder[0], tmp_path / "fairseq-out")
+    config = json.loads((fairseq / "tokenizer_config.json").read_text())
+    own = "tokenization_vanilla_transformer.VanillaTransformerFairseqTokenizer"
+    assert config["auto_map"] == {"AutoTokenizer": [own, None]}
+    assert config["tokenizer_class"] == "VanillaTransformerFairseqTokenizer"
+
+
+def test_a_sharded_folder_reads_its_own_shards_only(tmp_path, marian_tokenizer):
+    """A sharded MarianMTModel folder converts to the weights of the whole one; an index naming a shard outside the
+    folder (a path up, an absolute path, a link out) is refused in one line naming it, and that file is not read."""
+    marian = marian_source(tmp_path / "whole", marian_tokenizer)
+    shutil.copytree(tmp_path / "whole", tmp_path / "sharded")
+    (tmp_path / "sharded" / "model.safetensors").unlink()
+    marian.save_pretrained(tmp_path / "sharded", max_shard_size="100KB")
+    assert len(list((tmp_path / "sharded").glob("model-*.safetensors"))) > 1
+    whole = AutoModelForSeq2SeqLM.from_pretrained(convert_model(tmp_path / "whole", tmp_path / "whole-out"))
+    sharded = AutoModelForSeq2SeqLM.from_pretrained(convert_model(tmp_path / "sharded", tmp_path / "sharded-out"))
+    for (name, tensor), other in zip(whole.state_dict().items(), sharded.state_dict().values(), strict=True):
+        assert torch.equal(tensor, other), name
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    shard = sorted(set(index["weight_map"].values()))[0]
+    outside = tmp_path / "outside.safetensors"
+    shutil.copy(tmp_path / "sharded" / shard, outside)
+    (tmp_path / "sharded" / "link.safetensors").symlink_to(outside)
+    for escape in ("../outside.safetensors", str(outside), "link.safetensors"):
+        shutil.copytree(tmp_path / "sharded", tmp_path / "escape", symlinks=True)
+        changed = {name: escape if file == shard else file for name, file in index["weight_map"].items()}
+        (tmp_path / "escape" / "model.safetensors.index.json").write_text(json.dumps({**index, "weight_map": changed}))
+        with pytest.raises(
+            ConversionError, match=rf"names the shard '{re.escape(escape)}', which is not a file of esc"
+        ):
+            convert_model(tmp_path / "escape", tmp_path / "escape-out")
+        shutil.rmtree(tmp_path / "escape")
 
 
 # --- A converted folder in the package's flows -----------------------------------------------------------------------

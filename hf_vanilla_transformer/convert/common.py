@@ -201,14 +201,31 @@ def hf_weights(folder: Path) -> dict[str, torch.Tensor]:
         return load_file(folder / "model.safetensors")
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(read_json(index)["weight_map"].values()))
-        return {name: tensor for file in files for name, tensor in load_file(folder / file).items()}
+        return {name: tensor for file in shard_files(index) for name, tensor in load_file(file).items()}
     if (folder / "pytorch_model.bin").exists():
         try:
             return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
         except Exception as error:  # a pickle that needs more than tensors: refused, nothing of it run
             raise ConversionError(f"pytorch_model.bin holds more than tensors: {str(error).splitlines()[0]}") from error
     raise ConversionError(f"{folder.name} holds no model.safetensors or pytorch_model.bin")
+
+
+def shard_files(index: Path) -> list[Path]:
+    """The shards a sharded folder's index names, each a file of the folder itself: a name with a folder in it, an
+    absolute path or a link leading out of the folder is refused (ConversionError naming it), never read."""
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(file, str) for file in weight_map.values()):
+        raise ConversionError(f"{index.name} has no weight_map of weight names to shard file names")
+    folder = index.parent.resolve()
+    shards = []
+    for name in sorted(set(weight_map.values())):
+        path = index.parent / name
+        if Path(name).name != name or path.resolve().parent != folder or not path.is_file():
+            raise ConversionError(
+                f"{index.name} names the shard {name!r}, which is not a file of {index.parent.name}: refused"
+            )
+        shards.append(path)
+    return shards
 
 
 def source_tokenizer(folder: Path, class_name: str, files: tuple[str, ...], needs: str, **kwargs):

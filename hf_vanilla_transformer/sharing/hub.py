@@ -100,6 +100,12 @@ def stage_for_hub(model_dir: str | Path, staging_dir: str | Path, repo_id: str |
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     if "AutoModelForSeq2SeqLM" not in config.get("auto_map", {}):
         raise PublishError(f"{model_dir / 'config.json'} has no auto_map; save the model with the package imported.")
+    foreign = foreign_code(model_dir)
+    if foreign:
+        raise PublishError(
+            f"{model_dir} names code that is not this package's, which trust_remote_code=True would run: "
+            f"{'; '.join(foreign)}. Fine-tune or convert it again with this version (it keeps none), or remove them."
+        )
     staging_dir.mkdir(parents=True, exist_ok=True)
     staged = []
     for name in COPIED:
@@ -133,6 +139,26 @@ def stage_for_hub(model_dir: str | Path, staging_dir: str | Path, repo_id: str |
     check_model_card(card.read_text(encoding="utf-8"))
     staged.append(card)
     return sorted(staged)
+
+
+OWN_CODE = {Path(name).stem for name in (*REMOTE_CODE_FILES, "tokenization_vanilla_transformer.py")}
+
+
+def foreign_code(model_dir: Path) -> list[str]:
+    """What config.json and tokenizer_config.json name as code to run (`auto_map`) that is not one of this package's
+    files, written `file: Auto class -> reference` (a folder converted or fine-tuned by an earlier version kept a
+    source's own)."""
+    import json
+
+    found = []
+    for name in ("config.json", "tokenizer_config.json"):
+        path = model_dir / name
+        auto_map = json.loads(path.read_text(encoding="utf-8")).get("auto_map") if path.exists() else None
+        for auto, references in (auto_map or {}).items():
+            for reference in references if isinstance(references, list) else [references]:
+                if reference is not None and str(reference).split(".")[0] not in OWN_CODE:
+                    found.append(f"{name}: {auto} -> {reference}")
+    return found
 
 
 def public_results(results: dict, model_dir: str | Path) -> dict:

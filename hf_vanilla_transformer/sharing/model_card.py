@@ -50,6 +50,13 @@ def python_string(text: str) -> str:
     return '"' + "".join(escaped) + '"'
 
 
+def yaml_string(text: str) -> str:
+    """`text` as a YAML double-quoted scalar, for a card's metadata: `python_string`'s escapes are YAML's too (`\\"`,
+    `\\\\`, `\\n`, `\\xXX`, `\\uXXXX`, `\\UXXXXXXXX`), so whatever `text` holds it stays one value and cannot end the
+    metadata or add a key to it."""
+    return python_string(text)
+
+
 def trained_with(results: dict) -> dict:
     """The batch size, accumulation, lr_scale and warmup the run trained with: the plan's (`results["plan"]`), or,
     in a folder written before the plan held them all, the recipe's as that folder recorded them."""
