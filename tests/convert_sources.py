@@ -139,12 +139,13 @@ def marian_source(
 # --- BPE as fairseq's data preparation makes it: Moses, subword-nmt ----------------------------------------------------
 
 
-def moses(text: str, lang: str) -> str:
-    """fairseq's `--tokenizer moses`: sacremoses with aggressive dash splits and escaping."""
+def moses(text: str, lang: str, dash_splits: bool = True, escape: bool = True) -> str:
+    """fairseq's `--tokenizer moses`: sacremoses with aggressive dash splits and escaping (unless
+    `--moses-no-dash-splits`, `--moses-no-escape` turn them off)."""
     import sacremoses
 
     return sacremoses.MosesTokenizer(lang=lang).tokenize(
-        text, aggressive_dash_splits=True, return_str=True, escape=True
+        text, aggressive_dash_splits=dash_splits, return_str=True, escape=escape
     )
 
 
@@ -182,12 +183,13 @@ def fairseq_dictionaries(folder: Path, codes: str, joined: bool = False) -> dict
     return symbols
 
 
-def fairseq_reference_ids(text: str, lang: str, codes: str, symbols: list[str]) -> list[int]:
-    """fairseq's ids of `text`: Moses, subword-nmt's BPE, the dictionary (`<unk>` for a piece not in it), `</s>`."""
+def fairseq_reference_ids(text: str, lang: str, codes: str, symbols: list[str], **moses_flags) -> list[int]:
+    """fairseq's ids of `text`: Moses (`moses_flags`), subword-nmt's BPE, the dictionary (`<unk>` for a piece not
+    in it), `</s>`."""
     from subword_nmt import apply_bpe
 
     index = {symbol: position for position, symbol in enumerate(symbols)}
-    pieces = apply_bpe.BPE(io.StringIO(codes)).process_line(moses(text, lang)).split()
+    pieces = apply_bpe.BPE(io.StringIO(codes)).process_line(moses(text, lang, **moses_flags)).split()
     return [index.get(piece, 3) for piece in pieces] + [2]
 
 
@@ -316,11 +318,17 @@ def fairseq_state_dict(
     return state
 
 
-def save_fairseq_checkpoint(path: Path, args: argparse.Namespace, state: dict[str, torch.Tensor], **extra) -> Path:
-    """`path` as fairseq's `save_checkpoint` writes it: args, model, optimizer history, extra state (with `extra`)."""
+def save_fairseq_checkpoint(
+    path: Path, args: argparse.Namespace, state: dict[str, torch.Tensor], sections: dict | None = None, **extra
+) -> Path:
+    """`path` as fairseq's `save_checkpoint` writes it: args, model, optimizer history, extra state (with `extra`).
+    With `sections` as fairseq 0.10 and later write it instead: no `args`, a `cfg` of the model's arguments, the task
+    and `sections` (`{"tokenizer": {"_name": "moses", ...}, "bpe": {...}}`)."""
+    task = {"_name": "translation", "source_lang": args.source_lang, "target_lang": args.target_lang}
     torch.save(
         {
-            "args": args,
+            "args": None if sections is not None else args,
+            **({"cfg": {"model": args, "task": task, **sections}} if sections is not None else {}),
             "model": state,
             "optimizer_history": [
                 {
@@ -365,3 +373,37 @@ def fsmt_twin(args: argparse.Namespace, state: dict[str, torch.Tensor], sizes: t
     missing, unexpected = model.load_state_dict(weights, strict=False)
     assert not unexpected and all("embed_positions" in name for name in missing), (missing, unexpected)
     return model
+
+
+# --- fairseq itself (the optional `fairseq-fixed`, docs/converting.md) ---------------------------------------------
+
+
+def fairseq_built_model(folder: Path, codes: str, seed: int = 0, eos_shift: float = 0.9):
+    """A small `transformer_wmt_en_de` (d_model 32, 2 + 2 layers, separate dictionaries, the output projection
+    shared with the target embedding) built by fairseq itself: its command-line parser and architecture defaults,
+    its translation task over `fairseq_dictionaries`, its model builder, trained with `--tokenizer moses --bpe
+    subword_nmt`; weights drawn as `draw_weights` draws them, then saved by its Trainer's own checkpoint code into
+    `folder/checkpoint_last.pt`. Returns (task, model, cfg)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    fairseq_dictionaries(folder, codes)
+    sizes = ("--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64")
+    sizes += ("--decoder-ffn-embed-dim", "64", "--encoder-layers", "2", "--decoder-layers", "2")
+    sizes += ("--encoder-attention-heads", "4", "--decoder-attention-heads", "4")
+    arguments = [str(folder), "--arch", "transformer_wmt_en_de", "--task", "translation", *sizes]
+    arguments += ["--source-lang", "en", "--target-lang", "de", "--share-decoder-input-output-embed", "--cpu"]
+    arguments += ["--optimizer", "adam", "--lr", "0.0007", "--criterion", "label_smoothed_cross_entropy"]
+    arguments += ["--max-tokens", "1000", "--tokenizer", "moses", "--bpe", "subword_nmt"]
+    arguments += ["--bpe-codes", str(folder / "bpecodes"), "--save-dir", str(folder), "--seed", str(seed)]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), arguments))
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model).eval()
+    draw_weights(model, seed)
+    last_norm = model.decoder.layers[-1].final_layer_norm
+    favour_the_end(model.decoder.embed_tokens.weight.data[2], last_norm.bias.data, eos_shift)
+    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    trainer.consolidate_optimizer()  # as fairseq's checkpoint_utils.save_checkpoint does first
+    trainer.save_checkpoint(str(folder / "checkpoint_last.pt"), {})
+    return task, model.eval(), cfg

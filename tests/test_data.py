@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from hf_vanilla_transformer.data.libreoffice import (
     align_help_trees,
     debian_language,
     file_split,
+    message_split,
     parse_help_page,
     read_mo_catalogue,
     split_and_deduplicate,
@@ -160,6 +162,41 @@ def test_ui_catalogues_give_english_and_translation(tmp_path):
     assert list(read_mo_catalogue(mo)) == [("Save As", "Speichern unter")]
 
 
+# The catalogues of Debian 12's libreoffice-l10n-de, by name: split by file (main's rule before), one went to test
+# (pcr.mo) and none to validation, so `--dataset libreoffice-ui` stopped before training.
+DEBIAN_CATALOGUES = (
+    *("acc", "avmedia", "basctl", "chart", "cnr", "cui", "dba", "dkt", "editeng", "flt", "for", "fps", "frm", "fwk"),
+    *("oox", "pcr", "rpt", "sb", "sc", "sca", "scc", "sd", "sfx", "sm", "svl", "svt", "svx", "sw", "uui", "vcl"),
+    *("wiz", "wpt", "xsc"),
+)
+
+
+def test_ui_messages_are_split_by_their_english_text_into_three_non_empty_splits(tmp_path, monkeypatch):
+    """A package laid out as libreoffice-l10n-de is: 33 catalogues, 40 messages each, and messages that recur (in
+    two catalogues with two translations, with and without the `~` of their accelerator key). Every split holds
+    pairs, each message lands where the hash of its English text puts it, and all copies of a message together."""
+    folder = tmp_path / "unpacked" / "usr/lib/libreoffice/program/resource/de/LC_MESSAGES"
+    folder.mkdir(parents=True)
+    header = {"": "Content-Type: text/plain; charset=UTF-8\n"}
+    for name in DEBIAN_CATALOGUES:
+        messages = {f"CTX\x04Message {i} of {name}": f"Nachricht {i} aus {name}" for i in range(40)}
+        write_mo(folder / f"{name}.mo", {**header, **messages})
+    write_mo(folder / "extra.mo", {**header, "A\x04OK": "OK", "B\x04~Open": "~Öffnen", "C\x04Media Player": "Medien"})
+    write_mo(folder / "more.mo", {**header, "A\x04OK": "Okay", "B\x04Open": "Öffnen", "C\x04media player": "Player"})
+    monkeypatch.setattr(libreoffice, "fetch_debian_package", lambda package, cache_dir: tmp_path / "unpacked")
+    corpus = libreoffice.libreoffice_ui_corpus("de", cache_dir=tmp_path / "cache")
+    sizes = {split: len(corpus[split]) for split in ("train", "validation", "test")}
+    assert sizes["train"] > 1000 and sizes["validation"] > 10 and sizes["test"] > 10, sizes
+    pairs = {split: set(zip(corpus[split]["source"], corpus[split]["target"], strict=True)) for split in corpus}
+    # Values written down once from the rule (CRC-32 of the English text without `~`, case folded, modulo 100).
+    assert {("OK", "OK"), ("OK", "Okay")} <= pairs["validation"]
+    assert {("~Open", "~Öffnen"), ("Open", "Öffnen")} <= pairs["train"]
+    assert {("Media Player", "Medien"), ("media player", "Player")} <= pairs["test"]
+    assert [message_split(text) for text in ("100%", "Save As", "Cancel")] == ["test", "train", "train"]
+    for split, held in pairs.items():
+        assert all(message_split(source) == split for source, _ in held)
+
+
 def test_tsv_jsonl_and_aligned_text_files(tmp_path):
     (tmp_path / "a.tsv").write_text("Hello\tHallo\n\nWorld\tWelt\n", encoding="utf-8")
     assert list(read_parallel_file(tmp_path / "a.tsv")["target"]) == ["Hallo", "Welt"]
@@ -253,6 +290,31 @@ def test_real_debian_fetch_builds_the_en_de_corpus(tmp_path):
     assert not set(corpus["test"]["source"]) & set(corpus["train"]["source"])
     again = libreoffice.libreoffice_help_corpus("en", "de", cache_dir=tmp_path)  # from the on-disk cache
     assert list(again["test"]["source"]) == list(corpus["test"]["source"])
+
+
+def help_languages() -> list[str]:
+    """The languages Debian packages the LibreOffice help in (`libreoffice-help-<lang>`), as apt knows them."""
+    found = subprocess.run(
+        ["apt-cache", "search", "--names-only", "^libreoffice-help-"], capture_output=True, text=True
+    )
+    names = [line.split()[0].removeprefix("libreoffice-help-") for line in found.stdout.splitlines() if line.strip()]
+    return sorted(set(names) - {"common", "en-us"})
+
+
+@pytest.mark.slow
+def test_real_debian_ui_corpus_has_every_split_for_every_help_language(tmp_path):
+    """Every language the help corpus supports gives a UI corpus with pairs in all three splits (Debian 12: 33
+    languages, 6,031 to 22,043 training pairs, 107 to 397 validation pairs), and `--dataset libreoffice-ui` passes its
+    data preparation for each."""
+    if libreoffice.shutil.which("apt-get") is None:
+        pytest.skip("needs apt-get")
+    languages = help_languages()
+    assert "de" in languages and len(languages) > 20, languages
+    for language in languages:
+        corpus = libreoffice.libreoffice_ui_corpus(language, cache_dir=tmp_path)
+        sizes = {split: len(corpus[split]) for split in ("train", "validation", "test")}
+        assert sizes["train"] > 1000 and sizes["validation"] > 20 and sizes["test"] > 20, (language, sizes)
+        assert not set(corpus["test"]["source"]) & set(corpus["train"]["source"]), language
 
 
 # ---------------------------------------------------------------------------------------------------------------------

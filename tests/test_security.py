@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -412,6 +413,88 @@ def test_translate_and_score_run_a_folders_own_code_only_with_trust_remote_code(
             with pytest.raises(SystemExit, match="stop here"):
                 command.main([str(folder), *extra, *flags], prog="x")
     assert asked == [False, True, False, True]
+
+
+FOREIGN_CODE = {"AutoTokenizer": ["owner/repo--module.Class", None], "AutoModel": "owner/repo--modeling.Model"}
+OWN_AUTO_MAP = {
+    "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
+    "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
+}
+
+
+def folder_from_elsewhere(trained: Path, folder: Path) -> Path:
+    """A copy of a trained model folder as a folder this package did not write could be: its tokenizer_config.json
+    and config.json name another repository's code (`auto_map`, `custom_pipelines`, which `trust_remote_code=True`
+    would run), and a key no class defines."""
+    shutil.copytree(trained, folder, ignore=shutil.ignore_patterns("checkpoint-*", "plots", "tokenizer"))
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tokenizer_config |= {"auto_map": FOREIGN_CODE, "owner_setting": 1}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] |= FOREIGN_CODE
+    config["custom_pipelines"] = {"translation": {"impl": "owner/repo--pipeline.Pipeline", "pt": []}}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_what_fine_tuning_saves_of_a_folder_from_elsewhere_names_none_of_its_code(tmp_path, trained_folder):
+    """The model a run fine-tunes (`training.models.build_model` from `--model_name_or_path`) and its tokenizer, saved
+    as the run saves them (`save_pretrained`, `data.tokenizer.save_tokenizer`): this package's classes only in
+    auto_map, no custom pipeline, the tokenizer's own keys only."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from hf_vanilla_transformer.data.tokenizer import save_tokenizer
+    from hf_vanilla_transformer.training.models import build_model
+
+    source = folder_from_elsewhere(trained_folder[0], tmp_path / "elsewhere")
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    recipe = SimpleNamespace(
+        model_name_or_path=str(source), config_overrides=None, dropout=None, label_smoothing=None,
+        attn_implementation=None,
+    )  # fmt: skip
+    build_model(recipe, tokenizer).save_pretrained(tmp_path / "tuned")
+    save_tokenizer(tokenizer, tmp_path / "tuned")
+    tokenizer_config = json.loads((tmp_path / "tuned" / "tokenizer_config.json").read_text())
+    assert "auto_map" not in tokenizer_config and "owner_setting" not in tokenizer_config, tokenizer_config
+    config = json.loads((tmp_path / "tuned" / "config.json").read_text())
+    assert config["auto_map"] == OWN_AUTO_MAP and "custom_pipelines" not in config
+
+
+def test_push_refuses_a_folder_naming_code_that_is_not_the_packages(tmp_path, trained_folder):
+    """A folder written before the package kept a source's code out of it (or edited since) is not published: the
+    refusal names each reference to code that is not one of the package's files."""
+    from hf_vanilla_transformer.sharing.hub import PublishError, stage_for_hub
+
+    source = folder_from_elsewhere(trained_folder[0], tmp_path / "elsewhere")
+    with pytest.raises(
+        PublishError, match=r"run: config.json: AutoTokenizer -> owner/repo--module.Class; config.json: Au"
+    ):
+        stage_for_hub(source, tmp_path / "staging")
+    assert not (tmp_path / "staging").exists()
+
+
+@pytest.mark.slow
+def test_a_model_fine_tuned_from_a_folder_from_elsewhere_keeps_nothing_of_its_code(tmp_path, trained_folder):
+    """`vanilla-transformer train --model_name_or_path` on a folder from elsewhere (`folder_from_elsewhere`): the
+    folder the run writes names this package's classes only and keeps only the tokenizer's own keys."""
+    from conftest import FIXTURES, run_script
+
+    source = folder_from_elsewhere(trained_folder[0], tmp_path / "elsewhere")
+    result = run_script(
+        "train.py",
+        *("--model_name_or_path", source, "--max_steps", "2", "--output_dir", tmp_path / "tuned"),
+        *("--data_files", FIXTURES / "libreoffice_help_en_de_200.tsv", "--eval_strategy", "no"),
+        *("--validation_files", FIXTURES / "libreoffice_help_en_de_test_40.tsv", "--max_eval_samples", "4"),
+        *("--test_files", FIXTURES / "libreoffice_help_en_de_test_40.tsv", "--test_beams", "1"),
+        *("--data_cache_dir", tmp_path / "cache", "--disable_tqdm", "true"),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    tokenizer_config = json.loads((tmp_path / "tuned" / "tokenizer_config.json").read_text())
+    assert "auto_map" not in tokenizer_config and "owner_setting" not in tokenizer_config, tokenizer_config
+    config = json.loads((tmp_path / "tuned" / "config.json").read_text())
+    assert config["auto_map"] == OWN_AUTO_MAP and "custom_pipelines" not in config
 
 
 def test_the_translate_command_refuses_a_folders_own_code_in_one_line(tmp_path):

@@ -5,6 +5,7 @@ source's decoding settings as a generation config that `generate()` follows as t
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,27 +52,45 @@ LAYER_PARTS = {
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj")
 
 
-def layer_weights(source: dict[str, torch.Tensor], prefix: str, stack: str, layers: int) -> dict[str, torch.Tensor]:
-    """Our weights `model.{stack}.layers.{i}.*` from `source`'s `{prefix}layers.{i}.*` (transformers' and fairseq's
-    post-LN names). Raises ConversionError naming the first weight the source lacks."""
-    ours = {}
+def layer_sources(prefix: str, stack: str, layers: int) -> dict[str, str]:
+    """Our names `model.{stack}.layers.{i}.*` and the source's names `{prefix}layers.{i}.*` they are read from
+    (transformers' and fairseq's post-LN names)."""
+    names = {}
     for index in range(layers):
         for part in LAYER_PARTS[stack]:
-            names = [f"{name}.{kind}" for name in PROJECTIONS for kind in ("weight", "bias")]
-            names = names if part.endswith("attn") else ["weight", "bias"]
-            for name in names:
-                key = f"{prefix}layers.{index}.{part}.{name}"
-                if key not in source:
-                    raise ConversionError(f"the checkpoint has no {key}: not a post-LN transformer layer as expected")
-                mine = f"ffn.{part}" if part in ("fc1", "fc2") else part
-                ours[f"model.{stack}.layers.{index}.{mine}.{name}"] = source[key]
-    return ours
+            kinds = [f"{name}.{kind}" for name in PROJECTIONS for kind in ("weight", "bias")]
+            kinds = kinds if part.endswith("attn") else ["weight", "bias"]
+            mine = f"ffn.{part}" if part in ("fc1", "fc2") else part
+            for kind in kinds:
+                names[f"model.{stack}.layers.{index}.{mine}.{kind}"] = f"{prefix}layers.{index}.{part}.{kind}"
+    return names
+
+
+def layer_weights(source: dict[str, torch.Tensor], config: dict) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """Our weights of both stacks' layers (`config`'s counts) from the source's `encoder.layers.{i}.*` and
+    `decoder.layers.{i}.*`, and the source names they consumed. Raises ConversionError naming the first weight the
+    source lacks."""
+    names = {}
+    for stack in ("encoder", "decoder"):
+        names |= layer_sources(f"{stack}.", stack, config[f"{stack}_layers"])
+    for key in names.values():
+        if key not in source:
+            raise ConversionError(f"the checkpoint has no {key}: not a post-LN transformer layer as expected")
+    return {ours: source[key] for ours, key in names.items()}, set(names.values())
 
 
 def layer_count(source: dict[str, torch.Tensor], prefix: str) -> int:
     """How many layers `{prefix}layers.{i}.*` the source holds."""
     found = {key[len(prefix) :].split(".")[1] for key in source if key.startswith(f"{prefix}layers.")}
     return len(found)
+
+
+def checked_layer_counts(source: dict[str, torch.Tensor], declared: tuple[int, int], says: str) -> None:
+    """The encoder's and decoder's layer counts the source's configuration `declared` (`says`: "config.json says"),
+    which its weights must hold: a layer more or less is a model other than the one its configuration describes."""
+    found = (layer_count(source, "encoder."), layer_count(source, "decoder."))
+    if found != tuple(declared):
+        raise ConversionError(f"the weights hold {found[0]} + {found[1]} layers; {says} {declared[0]} + {declared[1]}")
 
 
 def embedding_weights(
@@ -85,19 +104,61 @@ def embedding_weights(
     return weights
 
 
-POSITION_TOLERANCE = 1e-5  # Marian tabulates its sinusoids in float64, then rounds them to float32
+def check_position_tables(source: dict[str, torch.Tensor], key: str, layout: str, first: int, width: int) -> set[str]:
+    """The position tables `{stack}.{key}` a checkpoint holds, each checked to be the sinusoids ours compute
+    (`check_position_table`); returns the names checked (consumed: ours are computed for any length instead)."""
+    checked = set()
+    for stack in ("encoder", "decoder"):
+        name = f"{stack}.{key}"
+        if name in source:
+            check_position_table(source[name], layout, first, width, name)
+            checked.add(name)
+    return checked
 
 
-def check_position_table(table: torch.Tensor | None, layout: str, first: int, name: str) -> None:
-    """A position table a checkpoint holds must be the sinusoids ours compute (`layout`, rows from `first` on: fairseq
-    gives the rows up to its padding id to nothing); anything else (learned or altered positions) this model cannot
-    hold. Ours are computed for any length, so the table itself is not kept."""
-    if table is None:
-        return
+def check_position_table(table: torch.Tensor, layout: str, first: int, width: int, name: str) -> None:
+    """A position table must be the sinusoids ours compute (`layout`, rows from `first` on: fairseq gives the rows up
+    to its padding id to nothing), computed as the source computed them (Marian: float64, then rounded to float32;
+    fairseq: in float32), and equal to them up to the rounding of the type it is stored in (one unit in the last
+    place of 1.0: 1.2e-7 in float32, 9.8e-4 in float16). Anything else (learned or altered positions) this model
+    cannot hold."""
+    if table.dim() != 2 or table.shape[1] != width or not table.is_floating_point():
+        raise ConversionError(f"{name} {tuple(table.shape)} {table.dtype} is no table of {width}-wide positions")
     rows = torch.arange(first, table.shape[0])
-    expected = sinusoidal_positions(rows, table.shape[-1], layout)
-    if not torch.allclose(table[first:].float(), expected, atol=POSITION_TOLERANCE):
-        raise ConversionError(f"{name} is not the {layout} sinusoid table: this model has no learned positions")
+    difference = (table[first:].double() - sinusoidal_positions(rows, width, layout).double()).abs()
+    tolerance = torch.finfo(table.dtype).eps
+    if difference.numel() and difference.max() > tolerance:
+        row, column = divmod(int(difference.argmax()), width)
+        raise ConversionError(
+            f"{name} is not the {layout} sinusoid table: row {row + first}, column {column} differs by "
+            f"{difference.max():.3g} (rounding to {table.dtype} is at most {tolerance:.3g}); this model has no "
+            "learned positions"
+        )
+
+
+# What a checkpoint holds besides weights: fairseq's version counters and its positions' placeholder buffer.
+BOOKKEEPING = re.compile(r"(^|\.)(version|_float_tensor)$")
+
+
+def refuse_unconsumed(source: dict[str, torch.Tensor], consumed: set[str]) -> None:
+    """Every weight of the source that the conversion neither took nor checked is refused, by name: a weight left
+    out silently (a LayerNorm after the stack, one on the embeddings, a layer beyond the count) is a model changed
+    silently. Only the bookkeeping entries (`BOOKKEEPING`) are left out."""
+    left = sorted(name for name in source if name not in consumed and not BOOKKEEPING.search(name))
+    if left:
+        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+        raise ConversionError(f"the checkpoint holds weights this model has no place for: {', '.join(left[:5])}{more}")
+
+
+def same_weights(source: dict[str, torch.Tensor], names: tuple[str, ...], reference: str, why: str) -> set[str]:
+    """The copies `names` of the matrix `reference` the source holds (a shared matrix saved under several names);
+    each must equal it, else ConversionError naming it and `why` it must ("but tie_word_embeddings is set"). Returns
+    the names found."""
+    found = {name for name in names if name in source and name != reference}
+    for name in sorted(found):
+        if not torch.equal(source[name], source[reference]):
+            raise ConversionError(f"{name} differs from {reference}, {why}")
+    return found
 
 
 def build_model(conversion: Conversion) -> VanillaTransformerForConditionalGeneration:
@@ -140,14 +201,50 @@ def hf_weights(folder: Path) -> dict[str, torch.Tensor]:
         return load_file(folder / "model.safetensors")
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(read_json(index)["weight_map"].values()))
-        return {name: tensor for file in files for name, tensor in load_file(folder / file).items()}
+        return {name: tensor for file in shard_files(index) for name, tensor in load_file(file).items()}
     if (folder / "pytorch_model.bin").exists():
         try:
             return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
         except Exception as error:  # a pickle that needs more than tensors: refused, nothing of it run
             raise ConversionError(f"pytorch_model.bin holds more than tensors: {str(error).splitlines()[0]}") from error
     raise ConversionError(f"{folder.name} holds no model.safetensors or pytorch_model.bin")
+
+
+def shard_files(index: Path) -> list[Path]:
+    """The shards a sharded folder's index names, each a file of the folder itself: a name with a folder in it, an
+    absolute path or a link leading out of the folder is refused (ConversionError naming it), never read."""
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(file, str) for file in weight_map.values()):
+        raise ConversionError(f"{index.name} has no weight_map of weight names to shard file names")
+    folder = index.parent.resolve()
+    shards = []
+    for name in sorted(set(weight_map.values())):
+        path = index.parent / name
+        if Path(name).name != name or path.resolve().parent != folder or not path.is_file():
+            raise ConversionError(
+                f"{index.name} names the shard {name!r}, which is not a file of {index.parent.name}: refused"
+            )
+        shards.append(path)
+    return shards
+
+
+def source_tokenizer(folder: Path, class_name: str, files: tuple[str, ...], needs: str, **kwargs):
+    """The source folder's own transformers tokenizer (`class_name`, read from `files`; `kwargs` to its
+    `from_pretrained`). Whatever of the folder's tokenizer_config.json the class does not define is left out when the
+    converted folder is saved (`data.tokenizer.save_tokenizer`). ConversionError where a file is missing, the library
+    it needs (`needs`) is not installed, or the folder's tokenizer configuration does not load."""
+    missing = [name for name in files if not (folder / name).exists()]
+    if missing:
+        raise ConversionError(f"no {class_name} in {folder.name}: {', '.join(missing)} missing")
+    try:
+        import transformers
+
+        return getattr(transformers, class_name).from_pretrained(folder, **kwargs)
+    except ImportError as error:
+        raise ConversionError(f"the {class_name} needs {needs} ({error}); pip install {needs}") from error
+    except (TypeError, ValueError, OSError) as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ConversionError(f"the {class_name} of {folder.name} does not load: {first}") from error
 
 
 def strip_model_prefix(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

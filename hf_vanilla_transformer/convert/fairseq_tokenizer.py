@@ -7,16 +7,23 @@ fairseq tokenizes with Moses, splits words with subword-nmt's BPE (`lo@@ w`: `@@
 after) and looks the pieces up in its dictionary, whose first four symbols are `<s>`, `<pad>`, `</s>`, `<unk>`.
 `FSMTTokenizer` does the same with the end of a word marked instead (`lo w</w>`), so each dictionary symbol is
 renamed (`lo@@` -> `lo`, `w` -> `w</w>`) and keeps its id; the merges are the codes without their counts.
+
+The checkpoint says which text pipeline it was trained with (`--tokenizer`, `--bpe`: `text_pipeline`): `moses` with
+its languages and flags (`--moses-no-dash-splits`, `--moses-no-escape`) and `subword_nmt` or `fastbpe` codes are
+honoured; any other tokenizer or BPE is refused by name. A checkpoint that names neither was trained on text prepared
+beforehand, as fairseq's published systems were: Moses and the codes beside it are assumed, and the card says so.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..model.tokenization_vanilla_transformer import VanillaTransformerFairseqTokenizer
 from .common import ConversionError
+from .fairseq_checkpoint import checkpoint_section, flag, language_code
 
 
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's Dictionary puts these first
@@ -80,9 +87,60 @@ def read_merges(path: Path) -> list[str]:
     return merges
 
 
-def bpe_codes_file(folder: Path, given: Path | None) -> Path:
-    """The BPE codes: `given`, else `bpecodes` or `code` (older fairseq's name) in `folder`."""
-    candidates = [given] if given else [folder / "bpecodes", folder / "code"]
+@dataclass(frozen=True)
+class TextPipeline:
+    """fairseq's text pipeline as a checkpoint records it: Moses' (source, target) languages and flags, the name the
+    BPE codes had in training, and what was assumed where the checkpoint records nothing (for the card)."""
+
+    languages: tuple[str, str]
+    moses_no_dash_splits: bool = False
+    moses_no_escape: bool = False
+    codes_name: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+TOKENIZERS = ("moses",)  # fairseq's --tokenizer choices this tokenizer runs
+BPES = ("subword_nmt", "fastbpe")  # fairseq's --bpe choices whose codes it applies (both mark pieces with @@)
+
+
+def text_pipeline(state: dict, args: dict, languages: tuple) -> TextPipeline:
+    """The checkpoint's `--tokenizer` and `--bpe` with their options, or ConversionError naming one this tokenizer
+    does not run. `languages` are the model's; Moses' own languages win where the checkpoint gives them."""
+    tokenizer, moses = checkpoint_section(state, args, "tokenizer")
+    bpe, codes = checkpoint_section(state, args, "bpe")
+    notes = []
+    if tokenizer is None:
+        notes.append("tokenizer: the checkpoint names none (its text was tokenized before training): Moses assumed")
+    elif tokenizer not in TOKENIZERS:
+        raise ConversionError(f"tokenizer={tokenizer!r}: the converted tokenizer runs fairseq's {TOKENIZERS} only")
+    if bpe is None:
+        notes.append("BPE: the checkpoint names none (its text was split before training): the codes beside it assumed")
+    elif bpe not in BPES:
+        raise ConversionError(f"bpe={bpe!r}: the converted tokenizer applies fairseq's {BPES} codes only")
+    separator = codes.get("bpe_separator") or "@@"
+    if separator != "@@":
+        raise ConversionError(f"bpe_separator={separator!r}: FSMT's BPE marks pieces with '@@' only")
+    # Moses' languages: fairseq 0.9's --moses-source-lang, later the tokenizer's source_lang (the task's by default).
+    sides = [
+        language_code(f"{side}_lang", moses.get(f"moses_{side}_lang") or moses.get(f"{side}_lang"))
+        for side in ("source", "target")
+    ]
+    sides = sides if tokenizer is not None else [None, None]
+    named = codes.get("bpe_codes") if bpe is not None else None
+    return TextPipeline(
+        languages=(sides[0] or languages[0], sides[1] or languages[1]),
+        moses_no_dash_splits=flag(moses, "moses_no_dash_splits") if tokenizer else False,
+        moses_no_escape=flag(moses, "moses_no_escape") if tokenizer else False,
+        codes_name=Path(named).name if isinstance(named, str) and named else None,
+        notes=tuple(notes),
+    )
+
+
+def bpe_codes_file(folder: Path, given: Path | None, named: str | None = None) -> Path:
+    """The BPE codes: `given`, else the file the checkpoint's arguments `named` in training, `bpecodes` or `code`
+    (older fairseq's name) in `folder`."""
+    names = [name for name in (named, "bpecodes", "code") if name]
+    candidates = [given] if given else [folder / name for name in dict.fromkeys(names)]
     for path in candidates:
         if path.is_file():
             return path
@@ -91,13 +149,14 @@ def bpe_codes_file(folder: Path, given: Path | None) -> Path:
     )
 
 
-def fairseq_tokenizer(source: list[str], target: list[str], languages: tuple, codes: Path | None, folder: Path):
-    """A tokenizer giving fairseq's ids: Moses for `languages`, the BPE of the codes, the two dictionaries."""
-    if not all(languages):
+def fairseq_tokenizer(source: list[str], target: list[str], pipeline: TextPipeline, codes: Path | None, folder: Path):
+    """A tokenizer giving fairseq's ids: Moses for the pipeline's languages with its flags, the BPE of the codes,
+    the two dictionaries."""
+    if not all(pipeline.languages):
         raise ConversionError(
-            f"the checkpoint's arguments name no source_lang/target_lang ({languages}); Moses needs them"
+            f"the checkpoint's arguments name no source_lang/target_lang ({pipeline.languages}); Moses needs them"
         )
-    merges = read_merges(bpe_codes_file(folder, codes))
+    merges = read_merges(bpe_codes_file(folder, codes, pipeline.codes_name))
     with tempfile.TemporaryDirectory() as scratch:
         files = {"src_vocab_file": "vocab-src.json", "tgt_vocab_file": "vocab-tgt.json", "merges_file": "merges.txt"}
         paths = {key: Path(scratch) / name for key, name in files.items()}
@@ -107,6 +166,12 @@ def fairseq_tokenizer(source: list[str], target: list[str], languages: tuple, co
         try:
             files = {key: str(path) for key, path in paths.items()}
             # FSMT names </s> its separator only; here it is also the end of every sentence, as fairseq appends it.
-            return VanillaTransformerFairseqTokenizer(langs=list(languages), eos_token="</s>", **files)
+            return VanillaTransformerFairseqTokenizer(
+                langs=list(pipeline.languages),
+                eos_token="</s>",
+                moses_no_dash_splits=pipeline.moses_no_dash_splits,
+                moses_no_escape=pipeline.moses_no_escape,
+                **files,
+            )
         except ImportError as error:
             raise ConversionError(f"the FSMTTokenizer needs sacremoses ({error}); pip install sacremoses") from error

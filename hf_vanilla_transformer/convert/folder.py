@@ -14,6 +14,8 @@ from pathlib import Path
 
 from transformers import GenerationConfig
 
+from ..data.tokenizer import save_tokenizer
+from ..sharing.model_card import yaml_string
 from .common import Conversion, ConversionError, build_model, read_json
 
 
@@ -92,7 +94,7 @@ def convert_model(
     try:
         model.generation_config = generation
         model.save_pretrained(staging)
-        conversion.tokenizer.save_pretrained(staging)
+        save_tokenizer(conversion.tokenizer, staging)
         (staging / "README.md").write_text(model_card(conversion, source_id), encoding="utf-8")
         if output.exists():
             output.rmdir()  # empty, checked above
@@ -112,10 +114,13 @@ FAMILIES = {
 
 def model_card(conversion: Conversion, source_id: str | None = None) -> str:
     """The model card of a converted folder: its source, what each of the source's quirks became, how to use it."""
+    # What the source says of itself (its languages, its folder's name) is escaped: one YAML value each, one line of
+    # text in the card (`yaml_string`); `source_id` is a Hub id (checked by `convert_model`).
     source, target = conversion.languages
-    languages = "".join(f"- {language}\n" for language in (source, target) if language)
+    languages = "".join(f"- {yaml_string(language)}\n" for language in (source, target) if language)
     base = f"base_model: {source_id}\n" if source_id else ""
-    named = f"`{source_id}`" if source_id else f"`{conversion.source_name}`"
+    name = yaml_string(conversion.source_name)[1:-1]
+    named = f"`{source_id}`" if source_id else f"`{name}`"
     decoding = ", ".join(
         f"{key} {value}"
         for key, value in conversion.generation.items()
@@ -131,7 +136,7 @@ tags:
 - converted
 ---
 
-# {conversion.source_name}, converted to hf_vanilla_transformer
+# {name}, converted to hf_vanilla_transformer
 
 The weights of {named}, {FAMILIES[conversion.family]}, in the post-LN Transformer of
 [*Attention Is All You Need*](https://arxiv.org/abs/1706.03762) as hf_vanilla_transformer implements it, converted by

@@ -22,15 +22,17 @@ from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
 from .common import (
     Conversion,
     ConversionError,
-    check_position_table,
+    check_position_tables,
+    checked_layer_counts,
     embedding_weights,
     folder_generation,
     hf_weights,
-    layer_count,
     layer_weights,
     read_json,
+    refuse_unconsumed,
     single_token_id,
     source_generation,
+    source_tokenizer,
     strip_model_prefix,
 )
 
@@ -53,8 +55,8 @@ def fsmt_conversion(folder: Path) -> Conversion:
         vocab_size=fsmt.tgt_vocab_size,
         source_vocab_size=fsmt.src_vocab_size if own_source else None,
         d_model=fsmt.d_model,
-        encoder_layers=layer_count(weights, "encoder."),
-        decoder_layers=layer_count(weights, "decoder."),
+        encoder_layers=fsmt.encoder_layers,
+        decoder_layers=fsmt.decoder_layers,
         encoder_attention_heads=fsmt.encoder_attention_heads,
         decoder_attention_heads=fsmt.decoder_attention_heads,
         encoder_ffn_dim=fsmt.encoder_ffn_dim,
@@ -74,12 +76,13 @@ def fsmt_conversion(folder: Path) -> Conversion:
     )
     if tuple(source.shape) != (fsmt.src_vocab_size, fsmt.d_model):
         raise ConversionError(f"encoder.embed_tokens.weight {tuple(source.shape)} does not match src_vocab_size")
-    for stack in ("encoder", "decoder"):
-        name = f"{stack}.embed_positions.weight"
-        check_position_table(weights.get(name), "fairseq", fsmt.pad_token_id + 1, name)
-    ours = layer_weights(weights, "encoder.", "encoder", config["encoder_layers"])
-    ours |= layer_weights(weights, "decoder.", "decoder", config["decoder_layers"])
+    checked_layer_counts(weights, (fsmt.encoder_layers, fsmt.decoder_layers), "config.json says")
+    ours, consumed = layer_weights(weights, config)
     ours |= embedding_weights(VanillaTransformerConfig(**config), target, source, output)
+    consumed |= {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"}
+    first = fsmt.pad_token_id + 1  # fairseq's positions count from the padding id on
+    consumed |= check_position_tables(weights, "embed_positions.weight", "fairseq", first, fsmt.d_model)
+    refuse_unconsumed(weights, consumed)
     return Conversion(
         family="fsmt",
         source_name=folder.name,
@@ -104,12 +107,5 @@ def _notes(config: dict) -> list[str]:
 
 def _tokenizer(folder: Path, langs):
     """The folder's FSMTTokenizer (it needs `sacremoses`: `pip install hf-vanilla-transformer[convert]`)."""
-    missing = [name for name in ("vocab-src.json", "vocab-tgt.json", "merges.txt") if not (folder / name).exists()]
-    if missing:
-        raise ConversionError(f"no FSMTTokenizer in {folder.name}: {', '.join(missing)} missing")
-    try:
-        from transformers import FSMTTokenizer
-
-        return FSMTTokenizer.from_pretrained(folder, langs=list(langs))
-    except ImportError as error:
-        raise ConversionError(f"the FSMTTokenizer needs sacremoses ({error}); pip install sacremoses") from error
+    files = ("vocab-src.json", "vocab-tgt.json", "merges.txt")
+    return source_tokenizer(folder, "FSMTTokenizer", files, "sacremoses", langs=list(langs))

@@ -21,15 +21,18 @@ from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
 from .common import (
     Conversion,
     ConversionError,
-    check_position_table,
+    check_position_tables,
+    checked_layer_counts,
     embedding_weights,
     folder_generation,
     hf_weights,
-    layer_count,
     layer_weights,
     read_json,
+    refuse_unconsumed,
+    same_weights,
     single_token_id,
     source_generation,
+    source_tokenizer,
     strip_model_prefix,
 )
 
@@ -51,15 +54,13 @@ def marian_conversion(folder: Path) -> Conversion:
     _check_options(raw)
     weights = strip_model_prefix(hf_weights(folder))
     config = _config(raw, weights)
-    for stack in ("encoder", "decoder"):
-        name = f"{stack}.embed_positions.weight"
-        check_position_table(weights.get(name), "concat", 0, name)
-    ours = layer_weights(weights, "encoder.", "encoder", config["encoder_layers"])
-    ours |= layer_weights(weights, "decoder.", "decoder", config["decoder_layers"])
-    ours |= _embeddings(weights, config)
-    bias = weights.get("final_logits_bias")
+    ours, consumed = layer_weights(weights, config)
+    embeddings, taken = _embeddings(weights, config)
+    ours |= embeddings
     if config["output_bias"]:
-        ours["lm_head.bias"] = bias.reshape(-1)
+        ours["lm_head.bias"] = weights["final_logits_bias"].reshape(-1)
+    checked = check_position_tables(weights, "embed_positions.weight", "concat", 0, config["d_model"])
+    refuse_unconsumed(weights, consumed | taken | checked | {"final_logits_bias"})
     tokenizer = _tokenizer(folder)
     notes = [
         "positions: Marian's `[sin | cos]` sinusoids (`sinusoid_layout='concat'`), computed instead of tabulated",
@@ -102,8 +103,8 @@ def _config(raw: dict, weights: dict[str, torch.Tensor]) -> dict:
         vocab_size=marian.vocab_size if shared else marian.decoder_vocab_size,
         source_vocab_size=None if shared else marian.vocab_size,
         d_model=marian.d_model,
-        encoder_layers=layer_count(weights, "encoder."),
-        decoder_layers=layer_count(weights, "decoder."),
+        encoder_layers=marian.encoder_layers,
+        decoder_layers=marian.decoder_layers,
         encoder_attention_heads=marian.encoder_attention_heads,
         decoder_attention_heads=marian.decoder_attention_heads,
         encoder_ffn_dim=marian.encoder_ffn_dim,
@@ -122,40 +123,35 @@ def _config(raw: dict, weights: dict[str, torch.Tensor]) -> dict:
         eos_token_id=single_token_id("eos_token_id", marian.eos_token_id),
         decoder_start_token_id=marian.decoder_start_token_id,
     )
-    if (config["encoder_layers"], config["decoder_layers"]) != (marian.encoder_layers, marian.decoder_layers):
-        raise ConversionError(
-            f"the weights hold {config['encoder_layers']} + {config['decoder_layers']} layers; config.json says "
-            f"{marian.encoder_layers} + {marian.decoder_layers}"
-        )
+    checked_layer_counts(weights, (marian.encoder_layers, marian.decoder_layers), "config.json says")
     return config
 
 
-def _embeddings(weights: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
+def _embeddings(weights: dict[str, torch.Tensor], config: dict) -> tuple[dict[str, torch.Tensor], set[str]]:
     """The one shared matrix (or, without `share_encoder_decoder_embeddings`, the source's and the target's), and
-    an untied output projection where the config unties it."""
+    an untied output projection where the config unties it; with the source names they consumed (a copy of the
+    shared matrix under another name must equal it)."""
     shared = config["source_vocab_size"] is None
     # Folders written by transformers 5 hold the shared matrix once (shared.weight); older ones under each name.
-    target = weights.get("shared.weight", weights.get("encoder.embed_tokens.weight"))
-    target = target if shared else weights.get("decoder.embed_tokens.weight")
-    source = None if shared else weights.get("encoder.embed_tokens.weight")
-    if target is None or (not shared and source is None):
+    names = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+    target_name = next((name for name in names[:2] if name in weights), None) if shared else names[2]
+    source_name = None if shared else names[1]
+    if target_name not in weights or (source_name is not None and source_name not in weights):
         raise ConversionError("the checkpoint lacks its token embeddings (shared.weight or *.embed_tokens.weight)")
-    output = None if config["tie_word_embeddings"] else weights.get("lm_head.weight")
-    if not config["tie_word_embeddings"] and output is None:
+    taken = {target_name, source_name} - {None}
+    if shared:
+        taken |= same_weights(weights, names, target_name, "but share_encoder_decoder_embeddings is set")
+    if config["tie_word_embeddings"]:
+        taken |= same_weights(weights, ("lm_head.weight",), target_name, "but tie_word_embeddings is set")
+    elif "lm_head.weight" not in weights:
         raise ConversionError("tie_word_embeddings=False but the checkpoint has no lm_head.weight")
-    return embedding_weights(VanillaTransformerConfig(**config), target, source, output)
+    else:
+        taken.add("lm_head.weight")
+    target, source = weights[target_name], weights.get(source_name)
+    output = None if config["tie_word_embeddings"] else weights["lm_head.weight"]
+    return embedding_weights(VanillaTransformerConfig(**config), target, source, output), taken
 
 
 def _tokenizer(folder: Path):
     """The folder's MarianTokenizer (it needs `sentencepiece`: `pip install hf-vanilla-transformer[convert]`)."""
-    missing = [name for name in ("source.spm", "target.spm", "vocab.json") if not (folder / name).exists()]
-    if missing:
-        raise ConversionError(f"no MarianTokenizer in {folder.name}: {', '.join(missing)} missing")
-    try:
-        from transformers import MarianTokenizer
-
-        return MarianTokenizer.from_pretrained(folder)
-    except ImportError as error:
-        raise ConversionError(
-            f"the MarianTokenizer needs sentencepiece ({error}); pip install sentencepiece"
-        ) from error
+    return source_tokenizer(folder, "MarianTokenizer", ("source.spm", "target.spm", "vocab.json"), "sentencepiece")

@@ -9,9 +9,14 @@
 The packages are fetched with `apt-get download` and unpacked with `dpkg-deb -x`; LibreOffice itself is never
 installed, no Debian version is pinned, and the system is never changed (where apt does not know a package, the
 message asks you to run `apt-get update`). A package and its unpacked files have size caps, and only files inside the
-unpacked folder are read (a symbolic link out of it is skipped). The split is by file, never by pair (the same paragraph recurs on many
-pages), with a fixed rule: the CRC-32 of a help file's path (relative to its language folder) modulo 100 puts the
-file in *test* when it is below 3, in *validation* when below 5, in *train* otherwise. Pairs are de-duplicated, and a
+unpacked folder are read (a symbolic link out of it is skipped).
+
+The splits follow one fixed rule, the CRC-32 of a key modulo 100: *test* below 3, *validation* below 5, *train*
+otherwise. The help is split by file, never by pair (the same paragraph recurs on many pages): the key is the help
+file's path relative to its language folder. The UI strings are split by message: the key is the English text
+(without its `~` accelerator mark, case folded), so every copy of a message (in several catalogues, or under several
+contexts) lands in one split. By catalogue file they could not be: a language has 33 catalogues, too few for shares
+of 2 and 3 in 100 (Debian 12's went 32 to training, 1 to test, none to validation). Pairs are de-duplicated, and a
 validation or test pair whose source sentence also occurs in an earlier split is dropped, so that nothing held out
 was seen in training.
 """
@@ -215,6 +220,12 @@ def file_split(relative_path: str) -> str:
     return "test" if bucket < TEST_BELOW else "validation" if bucket < VALIDATION_BELOW else "train"
 
 
+def message_split(english: str) -> str:
+    """The split of a UI message: `file_split`'s rule on its English text without the `~` that marks its accelerator
+    key, case folded (`~Open`, `Open` and `open` are one message)."""
+    return file_split(" ".join(english.replace("~", "").casefold().split()))
+
+
 def align_help_trees(source_root: Path, target_root: Path) -> Iterator[tuple[str, str, str]]:
     """(relative file path, source text, target text) for every unit present in both trees; a page that is a link
     out of its tree is skipped (`inside`)."""
@@ -233,12 +244,14 @@ def align_help_trees(source_root: Path, target_root: Path) -> Iterator[tuple[str
                 yield relative, source_text, target_text
 
 
-def split_and_deduplicate(rows: Iterable[tuple[str, str, str]]) -> DatasetDict:
-    """Group (file, source, target) rows by `file_split`, drop duplicate pairs, and drop from validation and
-    test every pair whose source sentence already occurs in an earlier split."""
+def split_and_deduplicate(
+    rows: Iterable[tuple[str, str, str]], split_of: Callable[[str], str] = file_split
+) -> DatasetDict:
+    """Group (key, source, target) rows by `split_of(key)` (a help file's path by default), drop duplicate pairs,
+    and drop from validation and test every pair whose source sentence already occurs in an earlier split."""
     pairs: dict[str, dict[tuple[str, str], None]] = {split: {} for split in SPLITS}
-    for relative, source, target in rows:
-        pairs[file_split(relative)][(source, target)] = None
+    for key, source, target in rows:
+        pairs[split_of(key)][(source, target)] = None
     seen_sources: set[str] = set()
     columns = {}
     for split in SPLITS:
@@ -294,23 +307,31 @@ def read_mo_catalogue(path: Path) -> Iterator[tuple[str, str]]:
             yield english, translation
 
 
+def ui_catalogues(unpacked: Path) -> list[Path]:
+    """The gettext catalogues of an unpacked `libreoffice-l10n-<lang>` package (links out of it skipped)."""
+    root = unpacked / "usr/lib/libreoffice/program/resource"
+    return sorted(path for path in root.glob("*/LC_MESSAGES/*.mo") if inside(path, root))
+
+
+def split_ui_messages(catalogues: Iterable[Path]) -> DatasetDict:
+    """The (English, translation) pairs of the catalogues, split by message (`message_split`) and de-duplicated."""
+    rows = ((english, english, translation) for path in catalogues for english, translation in read_mo_catalogue(path))
+    return split_and_deduplicate(rows, split_of=message_split)
+
+
 def libreoffice_ui_corpus(target_lang: str = "de", cache_dir: str | Path | None = None) -> DatasetDict:
-    """The LibreOffice user-interface strings (`libreoffice-l10n-<lang>`), split by catalogue file like the help."""
+    """The LibreOffice user-interface strings (`libreoffice-l10n-<lang>`), split by message (`message_split`)."""
     suffix, _ = debian_language(target_lang)
     cache_dir = cache_root(cache_dir)
 
     def build() -> DatasetDict:
         unpacked = fetch_debian_package(f"libreoffice-l10n-{suffix}", cache_dir)
-        root = unpacked / "usr/lib/libreoffice/program/resource"
-        catalogues = sorted(path for path in root.glob("*/LC_MESSAGES/*.mo") if inside(path, root))
-        rows = (
-            (path.name, english, translation) for path in catalogues for english, translation in read_mo_catalogue(path)
-        )
-        corpus = split_and_deduplicate(rows)
+        corpus = split_ui_messages(ui_catalogues(unpacked))
         _check_not_empty(corpus, f"libreoffice-l10n-{suffix}")
         return corpus
 
-    return _cached_corpus(cache_dir / f"libreoffice-ui-en-{suffix}", cache_dir, build)
+    # Named apart from the folder of the split by catalogue file that earlier versions cached.
+    return _cached_corpus(cache_dir / f"libreoffice-ui-messages-en-{suffix}", cache_dir, build)
 
 
 def _check_not_empty(corpus: DatasetDict, name: str) -> None:

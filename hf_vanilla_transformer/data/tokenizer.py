@@ -8,6 +8,7 @@ Special tokens follow fairseq's layout, which the model config expects: `<s>`=0 
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import re
 import shutil
@@ -106,6 +107,55 @@ def copy_tokenizer_files(source: str | Path, target: str | Path) -> list[Path]:
     """Copy the tokenizer files (`TOKENIZER_FILES`) that `source` holds into `target`; returns the copies."""
     source, target = Path(source), Path(target)
     return [Path(shutil.copy2(source / name, target / name)) for name in TOKENIZER_FILES if (source / name).exists()]
+
+
+# What every transformers tokenizer reads from its tokenizer_config.json besides its own class's arguments
+# (PreTrainedTokenizerBase.__init__): lengths, sides, spacing, input names, the special and added tokens, the class.
+COMMON_TOKENIZER_KEYS = frozenset(
+    {
+        *("model_max_length", "padding_side", "truncation_side", "model_input_names", "backend"),
+        *("clean_up_tokenization_spaces", "split_special_tokens", "added_tokens_decoder", "tokenizer_class"),
+        *("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"),
+        *("additional_special_tokens", "extra_special_tokens"),
+    }
+)
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "additional_chat_templates")
+
+
+def tokenizer_keys(tokenizer_class: type) -> frozenset[str]:
+    """The tokenizer_config.json keys `tokenizer_class` defines: its own and its bases' named `__init__` arguments,
+    and what every tokenizer reads (`COMMON_TOKENIZER_KEYS`)."""
+    keys = set(COMMON_TOKENIZER_KEYS)
+    for klass in tokenizer_class.__mro__:
+        if "__init__" in vars(klass):
+            parameters = inspect.signature(vars(klass)["__init__"]).parameters.values()
+            keys |= {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return frozenset(keys - {"self"})
+
+
+def save_tokenizer(tokenizer, folder: str | Path) -> None:
+    """`tokenizer.save_pretrained(folder)`, keeping nothing of the folder it was loaded from that its class does not
+    define: transformers writes back every key of the source's tokenizer_config.json, so a source naming code of
+    its own (`auto_map`, which `trust_remote_code=True` then runs) or another class (`tokenizer_class`) would hand
+    it on. tokenizer_config.json keeps the keys of `tokenizer_keys`, the class transformers names, and an `auto_map`
+    only where the class is this package's own (its file saved beside it); a chat template is not kept."""
+    folder = Path(folder)
+    tokenizer.save_pretrained(folder)
+    path = folder / "tokenizer_config.json"
+    written = json.loads(path.read_text(encoding="utf-8"))
+    allowed = tokenizer_keys(type(tokenizer))
+    kept = {key: value for key, value in written.items() if key in allowed}
+    own = f"{type(tokenizer).__module__.rsplit('.', 1)[-1]}.{type(tokenizer).__name__}"
+    if getattr(tokenizer, "_auto_class", None) is not None and (folder / f"{own.split('.')[0]}.py").is_file():
+        kept["auto_map"] = {
+            tokenizer._auto_class: [own, None]
+        }  # this package's class and file, as transformers names it
+    path.write_text(json.dumps(kept, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    for name in CHAT_TEMPLATE_FILES:
+        if (folder / name).is_dir():
+            shutil.rmtree(folder / name)
+        else:
+            (folder / name).unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

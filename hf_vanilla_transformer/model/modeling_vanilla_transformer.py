@@ -64,17 +64,24 @@ def sinusoidal_positions(positions: torch.Tensor, dim: int, layout: str = "inter
     layout, with the paper's frequencies). Not the paper: `"fairseq"` is `"concat"` with the frequencies
     10000^(-i / (dim/2 - 1)) of fairseq and tensor2tensor (its positions start at padding id + 1:
     `token_positions`). Nothing is tabulated, so there is no length limit and nothing to store in a checkpoint.
+
+    The paper's sinusoids are computed in float64, then rounded to float32, as Marian tabulates them
+    (transformers' `MarianSinusoidalPositionalEmbedding`): in float32 the angle pos / 10000^(2i/dim) is off by up to
+    pos * 6e-8, so position 500 would be 3e-5 from Marian's. fairseq computes its own in float32, and so do these.
     """
     half = (dim + 1) // 2
-    indices = torch.arange(half, device=positions.device, dtype=torch.float32)
     if layout == "fairseq":  # fairseq's own expression of its frequencies, so that the two tables agree to the bit
+        indices = torch.arange(half, device=positions.device, dtype=torch.float32)
         inv_freq = torch.exp(indices * -(math.log(10000.0) / (dim // 2 - 1)))  # (dim/2,)
+        angles = positions.to(torch.float32)[..., None] * inv_freq  # (..., dim/2)
     else:
-        inv_freq = torch.pow(10000.0, -indices * (2.0 / dim))  # (dim/2,)
-    angles = positions.to(torch.float32)[..., None] * inv_freq  # (..., dim/2)
+        exact = torch.float32 if positions.device.type == "mps" else torch.float64  # MPS has no float64
+        indices = torch.arange(half, device=positions.device, dtype=exact)
+        angles = positions.to(exact)[..., None] / torch.pow(10000.0, indices * (2.0 / dim))  # (..., dim/2)
+    sines, cosines = angles.sin().float(), angles.cos().float()
     if layout == "interleaved":
-        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[..., :dim]
-    return torch.cat((angles.sin(), angles.cos()[..., : dim // 2]), dim=-1)
+        return torch.stack((sines, cosines), dim=-1).flatten(-2)[..., :dim]
+    return torch.cat((sines, cosines[..., : dim // 2]), dim=-1)
 
 
 def token_positions(config: VanillaTransformerConfig, length: int, start, device) -> torch.Tensor:

@@ -19,7 +19,7 @@ DATASET_IDS = {
 # What the test split is, and what its figures compare with.
 TEST_SPLITS = {
     "libreoffice-help": ", split by file so that no test page was seen in training",
-    "libreoffice-ui": ", split by catalogue file so that no test catalogue was seen in training",
+    "libreoffice-ui": ", split by message (a hash of its English text) so that no test message was seen in training",
     "wmt14": ": newstest2014, the paper's test set",
 }
 COMPARABILITY = {
@@ -48,6 +48,13 @@ def python_string(text: str) -> str:
         else:
             escaped.append(char if char.isprintable() else repr(char)[1:-1])
     return '"' + "".join(escaped) + '"'
+
+
+def yaml_string(text: str) -> str:
+    """`text` as a YAML double-quoted scalar, for a card's metadata: `python_string`'s escapes are YAML's too (`\\"`,
+    `\\\\`, `\\n`, `\\xXX`, `\\uXXXX`, `\\UXXXXXXXX`), so whatever `text` holds it stays one value and cannot end the
+    metadata or add a key to it."""
+    return python_string(text)
 
 
 def trained_with(results: dict) -> dict:

@@ -22,6 +22,7 @@ def build_model(recipe, tokenizer, preset: str | None = None, seed: int | None =
         set_seed(seed)
     if recipe.model_name_or_path:
         model = VanillaTransformerForConditionalGeneration.from_pretrained(recipe.model_name_or_path, **overrides)
+        drop_foreign_code(model.config)
     else:
         config = VanillaTransformerConfig.from_preset(
             preset or recipe.preset,
@@ -37,3 +38,15 @@ def build_model(recipe, tokenizer, preset: str | None = None, seed: int | None =
         model.set_attn_implementation(recipe.attn_implementation)
     check_special_tokens(tokenizer, model.config)
     return model
+
+
+# What a saved configuration may hold that names code to run where a folder is loaded with `trust_remote_code=True`.
+CODE_KEYS = ("auto_map", "custom_pipelines")
+
+
+def drop_foreign_code(config) -> None:
+    """Forget what of a saved model's configuration names code (`CODE_KEYS`): a folder this package did not write may
+    name modules of its own repository there, which the folder a fine-tuning run writes would hand on. Saving writes
+    this package's own classes into `auto_map` again."""
+    for key in CODE_KEYS:
+        vars(config).pop(key, None)

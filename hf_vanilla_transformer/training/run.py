@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerState
 
+from ..data.tokenizer import save_tokenizer
 from ..evaluation.length_penalty import choose_alpha
 from ..evaluation.translation import evaluate_translations
 from ..sharing.model_card import write_model_card
@@ -227,7 +228,7 @@ def finish_run(
         model, outcome.averaged = average_last_checkpoints(
             output_dir, output_dir, recipe.average_last, recipe.average_window, trainer.state.log_history
         )
-        data.tokenizer.save_pretrained(output_dir)
+        save_tokenizer(data.tokenizer, output_dir)  # the keys its class defines only (no source's auto_map)
         model.to(trainer.args.device)
         moment("model-folder", output_dir)
         # 7. The GNMT alpha of the beam search, chosen on the validation pairs where the recipe asks for it (§6.1).
