@@ -469,7 +469,7 @@ def test_push_refuses_a_folder_naming_code_that_is_not_the_packages(tmp_path, tr
 
     source = folder_from_elsewhere(trained_folder[0], tmp_path / "elsewhere")
     with pytest.raises(
-        PublishError, match=r"run: config.json: AutoTokenizer -> owner/repo--module.Class; config.json: Au"
+        PublishError, match=r"config.json's auto_map names code that is not this package's \(owner/repo--module.Class"
     ):
         stage_for_hub(source, tmp_path / "staging")
     assert not (tmp_path / "staging").exists()
