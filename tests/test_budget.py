@@ -390,7 +390,7 @@ def test_the_papers_recipes_are_files_too(tmp_path):
 
 
 def test_a_bad_recipe_is_named(tmp_path):
-    with pytest.raises(ValueError, match=r"recipe 'fast' not found.*\['base', 'big', 'cpu', 'gpu'\]"):
+    with pytest.raises(ValueError, match=r"recipe 'fast' not found.*\['base', 'big', 'cpu', 'finetune', 'gpu'\]"):
         read_recipe("fast")
     mine = tmp_path / "mine.yaml"
     mine.write_text("preset: small\nlerning_rate: 3\n")
@@ -735,8 +735,11 @@ def test_a_run_switched_at_its_first_check_starts_again_with_the_choice_and_reco
     from hf_vanilla_transformer.training.budget import deadline
     from hf_vanilla_transformer.training.run import train_and_evaluate
 
+    chosen = {}
+
     def switch_to_the_first(candidates, current, rules, ratio, *args):  # as if the Trainer were 3x faster than planned
-        first = candidates[0]
+        first = next(c for c in candidates if c["preset"] != current[0])  # the first of another size
+        chosen.update(first)
         return Switch(first["preset"], first["max_tokens"], first["accumulation"], first["seconds_per_update"] / 3, 40)
 
     monkeypatch.setattr(deadline, "better_candidate", switch_to_the_first)
@@ -756,7 +759,8 @@ def test_a_run_switched_at_its_first_check_starts_again_with_the_choice_and_reco
     plan = results["plan"]
     assert plan["switched_from"]["preset"] == "tiny" and plan["switched_from"]["max_tokens"] == 512
     assert plan["switched_from"]["at"] > WARM_UPDATES  # the first check, once the first run's updates were measured
-    assert (plan["preset"], plan["max_tokens"]) == ("small", 1024) and results["model"]["d_model"] == 256
+    assert chosen["preset"] == "small" and (plan["preset"], plan["max_tokens"]) == ("small", chosen["max_tokens"])
+    assert results["model"]["d_model"] == 256
     assert results["recipe"]["preset_choices"] == "small,tiny"  # what the user asked for, still
     steps = [int(p.name.split("-")[1]) for p in (tmp_path / "run").glob("checkpoint-*")]
     assert max(steps) == results["training"]["steps"] and min(steps) >= plan["save_steps"]  # only the second run's

@@ -24,7 +24,12 @@ COMMANDS = {
     "benchmark": ("benchmark", "main", "speed and memory against MarianMTModel, side by side"),
     "deploy-benchmark": ("deploy_benchmark", "main", "every export engine on a trained model folder"),
     "scale-benchmark": ("scale_benchmark", "main", "a WMT-sized corpus from a raw TSV to the first update"),
-    "gpu-check": ("gpu_check", "main", "the gpu tests, a 3-minute main job and the benchmark, as one table (10 min)"),
+    "finetune-benchmark": (
+        "finetune_benchmark",
+        "main",
+        "a model adapted in a fixed budget, beside its start and scratch",
+    ),
+    "gpu-check": ("gpu_check", "main", "the gpu tests, a main job and the benchmark, as one table (9 minutes)"),
     "configs": ("configs", "main", "the recipes and accelerate files shipped with the package, with their paths"),
 }
 TRAINING = ("train", "main")

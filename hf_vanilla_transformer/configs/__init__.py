@@ -1,7 +1,8 @@
 """The configuration files shipped with the package, found wherever it is installed (`importlib.resources`, never a
 path into a clone; the repository's top-level `configs/` is a link to this folder):
 
-recipes/      training recipes (cpu, gpu: the main job; base, big: the paper), the flags' defaults
+recipes/      training recipes (cpu, gpu: the main job; base, big: the paper; finetune: a saved model continued, over
+              the machine's), the flags' defaults
 accelerate/   `accelerate launch` files: single_node_multi_gpu, multi_node, fsdp
 """
 

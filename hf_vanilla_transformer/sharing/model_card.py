@@ -73,7 +73,7 @@ def render_model_card(results: dict, repo_id: str | None = None, plots: list[str
         **_model_values(results),
         **_training_values(results),
         **_usage_values(results, repo_id, plots),
-        "warning": _warning(results),
+        "warning": _warning(results) + _kept(results),
     }
     return TEMPLATE.read_text(encoding="utf-8").format(**values)
 
@@ -89,6 +89,20 @@ def _warning(results: dict) -> str:
         f"{collapsed['loss']:.3f} with the real sources and {collapsed['loss_shuffled_sources']:.3f} with them "
         f"shuffled (a gain of {collapsed['source_gain']:.3f} nats per token, below {check['nothing_below']}): it "
         "translates every sentence alike. Train it again with a lower peak learning rate or a longer warmup.\n"
+    )
+
+
+def _kept(results: dict) -> str:
+    """A fine-tuning run's note at the top of the card: its starting model and the trained one on validation, and
+    which the folder holds (training/start.py)."""
+    kept = results.get("kept")
+    if not kept:
+        return ""
+    start, trained = kept["start"], kept["trained"]
+    held = "the trained model" if kept["kept"] == "trained" else "the model it started from (training made it worse)"
+    return (
+        f"\n> Fine-tuned from {_markdown_escape(start['model'])}: validation BLEU {start['bleu']:.2f} at the start, "
+        f"{trained['bleu']:.2f} trained (greedy, {trained['pairs']} pairs). This folder holds **{held}**.\n"
     )
 
 

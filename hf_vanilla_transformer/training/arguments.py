@@ -276,6 +276,17 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         },
     )
 
+    def without_secrets(self) -> TransformerTrainingArguments:
+        """A copy of these arguments without the value of any secret field (`hub_token`). The Trainer pickles its
+        arguments into every checkpoint (`training_args.bin`), which people copy, share and upload with the Hub's own
+        tools: no token goes with them. The run needs none there: it uploads nothing (`push_to_hub` is refused), and
+        what it downloads reads the token of HF_TOKEN or `hf auth login`, as huggingface_hub does."""
+        kept = copy.copy(self)
+        for name in (item.name for item in dataclasses.fields(self)):
+            if is_secret_flag(name):
+                setattr(kept, name, None)
+        return kept
+
     def planned(
         self,
         *,
@@ -292,7 +303,7 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         the checkpoint and validation spacing (None: as given), the precision (`bf16`/`fp16` autocast, `tf32` matrix
         products, `fp32`), the compilation, the batches per update, and the factor the §5.3 schedule multiplies
         (`learning_rate`). These are left as given, but for the secrets: no `hub_token` (`without_secrets`)."""
-        planned = without_secrets(self)
+        planned = self.without_secrets()
         planned.max_steps, planned.warmup_steps = max_steps, warmup_steps
         if save_steps:
             planned.save_steps = save_steps
@@ -307,18 +318,6 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         planned.gradient_accumulation_steps = accumulation
         planned.learning_rate = learning_rate
         return planned
-
-
-def without_secrets(args: TransformerTrainingArguments) -> TransformerTrainingArguments:
-    """A copy of `args` without the value of any secret field (`hub_token`). The Trainer pickles its arguments into
-    every checkpoint (`training_args.bin`), which people copy, share and upload with the Hub's own tools: no token
-    goes with them. The run needs none there: it uploads nothing (`push_to_hub` is refused), and what it downloads
-    reads the token of HF_TOKEN or `hf auth login`, as huggingface_hub does."""
-    kept = copy.copy(args)
-    for name in (item.name for item in dataclasses.fields(args)):
-        if is_secret_flag(name):
-            setattr(kept, name, None)
-    return kept
 
 
 def check_schedule_arguments(args: TransformerTrainingArguments) -> None:

@@ -39,16 +39,35 @@ def recipe_file(name: str | Path) -> Path:
     return path
 
 
+EXTENDS = "extends"  # a recipe's key that names the recipe it is written over ("machine": this machine's, cpu or gpu)
+FINE_TUNING = "finetune"  # the recipe of a run that starts from a saved model (`--model_name_or_path`), by default
+
+
 def read_recipe(name: str | Path) -> dict:
-    """The flags of recipe `name` as a dict; a ValueError names any key that is no flag."""
+    """The flags of recipe `name` as a dict (with the recipe it `extends`, if it names one); a ValueError names any
+    key that is no flag."""
     path = recipe_file(name)
     values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if not isinstance(values, dict):
         raise ValueError(f"{path} holds a {type(values).__name__}; expected a mapping of flag names to values.")
     known = set(ModelDataArguments.__dataclass_fields__) | set(TransformerTrainingArguments.__dataclass_fields__)
-    unknown = sorted(set(values) - known)
+    unknown = sorted(set(values) - known - {EXTENDS})
     if unknown:
         raise ValueError(f"{path}: {unknown} are not flags of training; see `vanilla-transformer train --help`.")
+    return values
+
+
+def recipe_values(name: str | Path, argv: list[str] | None = None) -> dict:
+    """The flags of recipe `name` written over those of the recipe it `extends` ("machine": `machine_recipe(argv)`),
+    itself read the same way; a ValueError names a recipe that extends itself."""
+    values, seen = read_recipe(name), [str(name)]
+    while EXTENDS in values:
+        base = values.pop(EXTENDS)
+        base = machine_recipe(argv) if base == "machine" else str(base)
+        if base in seen:
+            raise ValueError(f"recipe {seen[0]!r} extends {base!r}, which extends it again: {' -> '.join(seen)}.")
+        seen.append(base)
+        values = {**read_recipe(base), **values}
     return values
 
 
@@ -82,10 +101,13 @@ def parse_arguments(
     checked: `parse_run` settles them (`settings.settle`, every check)."""
     first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument("--recipe", default=default_recipe)
+    first.add_argument("--model_name_or_path")
     known, _ = first.parse_known_args(argv)
     values = dict(defaults or {})
+    if known.model_name_or_path and "recipe" not in given_flags(argv if argv is not None else sys.argv[1:]):
+        known.recipe = FINE_TUNING  # a saved model is continued, not trained again from scratch
     if known.recipe:
-        values.update(read_recipe(known.recipe))
+        values.update(recipe_values(known.recipe, argv))
         values["recipe"] = str(known.recipe)
         if "peak_learning_rate" in values and "preset" in values:  # a recipe file's peak is its own preset's
             values.setdefault("peak_learning_rate_preset", values["preset"])

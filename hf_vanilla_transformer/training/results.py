@@ -33,6 +33,8 @@ class RunOutcome:
     decode_seconds: float = 0.0
     length_penalty: float | None = None
     alpha_choice: dict | None = None
+    start: dict | None = None  # a fine-tuning run's starting model on validation (training/start.py)
+    kept: dict | None = None  # ... and which model the folder kept: "trained" or "start", with both scores
 
 
 def describe_parameters(model) -> str:
@@ -74,6 +76,8 @@ def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunO
     }
     if outcome.alpha_choice:
         results["length_penalty_choice"] = outcome.alpha_choice
+    if outcome.kept:
+        results["kept"] = outcome.kept
     if training.source_check is not None:
         results["source_check"] = training.source_check.record()
     return publishable(results, private_paths(settings.recipe, settings.args), settings.output_dir)

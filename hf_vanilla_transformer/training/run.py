@@ -47,6 +47,7 @@ from .models import build_model
 from .results import RunOutcome, run_results
 from .run_data import PreparedData, prepare_data
 from .settings import RunSettings
+from .start import keep_the_better, starting_point
 
 
 logger = logging.getLogger(__name__)
@@ -102,8 +103,14 @@ def _train_and_evaluate(settings: RunSettings, command: str, examples: int, star
     if resume:
         validate_checkpoint(resume)
         logger.info("resuming from %s", resume)
-    # 2. The data, once.
+    # 2. The data, once; a saved model to continue measured before its first update (`training/start.py`).
     data = prepare_data(settings, clock, SetupClock(started, rank=args.process_index))
+    start = None
+    if settings.recipe.model_name_or_path:  # fine-tuning
+        with data.clock.stage("starting point"):
+            start = starting_point(settings, data)
+    if start is not None:  # its measurement again at the end, in the budget
+        clock = clock.with_final_check(start["seconds"])
     # 3-5. Plan, Trainer, train; a switch to another choice goes back to the plan with the same data.
     training = prepare_training(settings, data, clock, resume)
     train_started = time.time()
@@ -122,7 +129,7 @@ def _train_and_evaluate(settings: RunSettings, command: str, examples: int, star
     if not args.should_save:
         # Averaging, the test decoding and the model folder are the main process's work; the others are done.
         return None
-    outcome = RunOutcome(started, train_seconds, resumed_at=resume, command=command, examples=examples)
+    outcome = RunOutcome(started, train_seconds, resumed_at=resume, command=command, examples=examples, start=start)
     return finish_run(settings, data, training, end, outcome)
 
 
@@ -230,6 +237,8 @@ def finish_run(
         )
         save_tokenizer(data.tokenizer, output_dir)  # the keys its class defines only (no source's auto_map)
         model.to(trainer.args.device)
+        if outcome.start is not None:  # never worse than the model it started from
+            model, outcome.kept = keep_the_better(model, settings, data, outcome.start, output_dir)
         moment("model-folder", output_dir)
         # 7. The GNMT alpha of the beam search, chosen on the validation pairs where the recipe asks for it (§6.1).
         decode_started = time.time()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 FINISHING_SECONDS = 30.0  # averaging, the model folder, plots and card: after the test decoding
@@ -25,11 +25,13 @@ class BudgetError(ValueError):
 
 @dataclass(frozen=True)
 class BudgetClock:
-    """A run's budget of `seconds` (None: no budget), counted from `origin` on the monotonic clock `now`."""
+    """A run's budget of `seconds` (None: no budget), counted from `origin` on the monotonic clock `now`, with
+    `finishing` seconds kept after the test decoding (more where the run measures its model again at the end)."""
 
     origin: float
     seconds: float | None
     now: Callable[[], float] = field(default=time.monotonic, compare=False)
+    finishing: float = FINISHING_SECONDS
 
     @classmethod
     def starting(cls, started: float, minutes: float | None) -> BudgetClock:
@@ -38,16 +40,21 @@ class BudgetClock:
         origin = time.monotonic() - max(0.0, time.time() - started)
         return cls(origin, minutes * 60 if minutes is not None else None)
 
+    def with_final_check(self, seconds: float) -> BudgetClock:
+        """This clock with `seconds` more kept at the end: a fine-tuning run's second measurement of its model on the
+        validation pairs (`training/start.py`), as long as its first."""
+        return replace(self, finishing=self.finishing + max(0.0, seconds))
+
     def spent(self) -> float:
         return self.now() - self.origin
 
     def seconds_left(self, decode_seconds: float = 0.0, restart: bool = False, planned: bool = False) -> float:
         """The training seconds left: the budget less what is spent, the test decoding still to come
-        (`decode_seconds`), `FINISHING_SECONDS`, and `RESTART_SECONDS` for a run that starts again; with `planned`,
+        (`decode_seconds`), `finishing`, and `RESTART_SECONDS` for a run that starts again; with `planned`,
         the `SAFETY` share of that (never below 0) that a plan fills. Without a budget: infinite."""
         if self.seconds is None:
             return math.inf
-        left = self.seconds - self.spent() - decode_seconds - FINISHING_SECONDS - (RESTART_SECONDS if restart else 0.0)
+        left = self.seconds - self.spent() - decode_seconds - self.finishing - (RESTART_SECONDS if restart else 0.0)
         return max(0.0, left) * SAFETY if planned else left
 
     def check_setup(self, stages: dict) -> None:

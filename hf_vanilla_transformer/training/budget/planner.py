@@ -15,6 +15,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from ...utils.distributed import main_process_value, result_or_error
 from ...utils.machine import describe_device
@@ -110,7 +111,7 @@ class Planner:
         self.choosing_alpha = bool(settings.alphas) and validation is not None
         on_gpu = settings.device.type == "cuda"
         self.decode_batch = self.decoding_on_gpu(data, len(settings.alphas), settings.device) if on_gpu else None
-        self.where = where(recipe.recipe, settings.device)
+        self.where = where(recipe.recipe, settings.device, recipe.model_name_or_path)
 
     def decoding_on_gpu(self, data, alphas: int, device) -> dict:
         """A GPU's decoding steps in the rules (the test split's with the validation's once per alpha; a validation's
@@ -260,9 +261,8 @@ class Planner:
         return measure_checkpoint_seconds(sized) if self.rules.checkpoints else 0.0
 
     def may_reach(self, measurement: Measurement, ratio: float) -> bool:
-        """Whether a size measured at the smallest batch size could reach `min_updates` there with no checkpoint,
-        validation decoding or test decoding paid (the bound that spares measuring the other batch sizes of a size
-        too slow for the budget)."""
+        """Whether a size could reach `min_updates` at its smallest batch with no checkpoint and no decoding step
+        paid: a bound that spares measuring the other batches of a size too slow for the budget."""
         smallest = self.sizes[-1]
         timing = self.update_timing(measurement.per_size[smallest], smallest, ratio)
         unmeasured = replace(self.rules, step_seconds=0.0, greedy_step_seconds=0.0)
@@ -443,7 +443,8 @@ class Planner:
         )
 
 
-def where(recipe: str | None, device) -> str:
-    """Where the run trains and with which recipe, in words: the plan line's first part."""
+def where(recipe: str | None, device, start: str | None = None) -> str:
+    """Where the run trains, its recipe and the saved model it continues (`start`): the plan line's first part."""
     place = describe_device(device)
-    return f"recipe {recipe} on {place}" if recipe else f"on {place}"
+    said = f"recipe {recipe} on {place}" if recipe else f"on {place}"
+    return said + (f"; fine-tuning {Path(start).name}" if start else "")

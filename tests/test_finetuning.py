@@ -1,0 +1,114 @@
+"""Fine-tuning a model that exists: `--model_name_or_path` takes the `finetune` recipe over this machine's (a recipe
+named on the command line keeps its own), with its peak named for the saved model and no size to choose; the run
+measures its starting model before the first update and keeps the better of it and the trained one on validation,
+saying which (a learning rate that destroys the model keeps the start); `finetune-benchmark` puts the start, the
+fine-tuned model and a model trained from scratch side by side, each row its run's own figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_vanilla_transformer.training import recipes
+from hf_vanilla_transformer.training.budget.schedule import learning_rate
+from hf_vanilla_transformer.training.recipes import parse_run, read_recipe, recipe_values
+from hf_vanilla_transformer.training.start import better_or_equal
+
+from conftest import FIXTURES, ROOT, run_script
+
+
+TRAIN_200 = FIXTURES / "libreoffice_help_en_de_200.tsv"
+TEST_40 = FIXTURES / "libreoffice_help_en_de_test_40.tsv"
+
+
+def test_a_saved_model_takes_the_finetune_recipe_over_the_machines_and_a_named_recipe_stays(tmp_path, monkeypatch):
+    settings = parse_run(["--model_name_or_path", "runs/start", "--output_dir", str(tmp_path)])
+    recipe, own = settings.recipe, read_recipe("finetune")
+    assert recipe.recipe == "finetune" and recipe.dropout is None  # the saved model's own dropout
+    assert (recipe.max_tokens, recipe.max_minutes, recipe.max_epochs) == (1024, 26, 20)  # the cpu recipe's
+    assert (recipe.peak_learning_rate, settings.args.warmup_steps) == (own["peak_learning_rate"], own["warmup_steps"])
+    # The peak is the saved model's own, at any width and any batch: nothing scales it.
+    assert settings.rate.owner_d_model is None and settings.rate.reference_tokens is None
+    for width in (256, 512):
+        assert learning_rate(settings.rate, width, 100, 4096).peak == pytest.approx(own["peak_learning_rate"])
+    # A recipe named on the command line is the run's: the CPU recipe's from-scratch ramp.
+    named = parse_run(["--model_name_or_path", "runs/start", "--recipe", "cpu", "--output_dir", str(tmp_path)])
+    assert named.recipe.recipe == "cpu" and named.recipe.dropout == 0.0
+    # On a GPU the finetune recipe extends the gpu recipe.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert recipe_values("finetune", [])["max_tokens_choices"] == read_recipe("gpu")["max_tokens_choices"]
+
+
+def test_a_recipe_that_extends_itself_is_named(tmp_path, monkeypatch):
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text(f"extends: {second}\nseed: 1\n")
+    second.write_text(f"extends: {first}\nseed: 2\n")
+    with pytest.raises(ValueError, match="extends .*first.yaml'?, which extends it again"):
+        recipe_values(first, [])
+    monkeypatch.setattr(recipes, "machine_recipe", lambda argv=None: "cpu")
+    second.write_text("extends: machine\nseed: 2\n")
+    assert recipe_values(first, [])["seed"] == 1 and recipe_values(first, [])["max_tokens"] == 1024
+
+
+def test_the_better_model_is_the_higher_bleu_and_at_equal_bleu_the_higher_chrf():
+    start = {"bleu": 20.0, "chrf": 50.0}
+    assert better_or_equal({"bleu": 20.5, "chrf": 40.0}, start) and not better_or_equal(
+        {"bleu": 19.9, "chrf": 60}, start
+    )
+    assert better_or_equal({"bleu": 20.001, "chrf": 50.0}, start)  # a tie keeps the trained model
+    assert not better_or_equal({"bleu": 0.0, "chrf": 3.0}, {"bleu": 0.0, "chrf": 11.0})  # a weak model's BLEU is 0
+
+
+def test_a_learning_rate_that_destroys_the_model_keeps_the_one_it_started_from(tmp_path, trained_folder):
+    """Fine-tuned at a peak of 3 (the tiny model's own trained at about 0.02): worse on validation than where it
+    started, so the folder holds the starting weights, and the log, results.json and the card say so."""
+    start, _ = trained_folder
+    output = tmp_path / "tuned"
+    result = run_script(
+        "train.py",
+        *("--model_name_or_path", start, "--output_dir", output, "--max_steps", "12", "--save_steps", "6"),
+        *("--data_files", TRAIN_200, "--validation_files", TEST_40, "--test_files", TEST_40),
+        *("--peak_learning_rate", "3", "--warmup_steps", "2", "--max_eval_samples", "10", "--test_beams", "1"),
+        *("--eval_strategy", "no", "--length_penalty_choices", "1", "--disable_tqdm", "true"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((output / "results.json").read_text())
+    kept = results["kept"]
+    assert kept["kept"] == "start" and not better_or_equal(kept["trained"], kept["start"]), kept
+    assert kept["start"] == json.loads((output / "start.json").read_text())  # measured before the first update
+    assert "Kept: the model it started from" in result.stdout and results["recipe"]["recipe_file"] == "finetune"
+    for name, weight in load_file(start / "model.safetensors").items():
+        assert torch.equal(load_file(output / "model.safetensors")[name], weight), name
+    assert (
+        "This folder holds **the model it started from (training made it worse)**" in (output / "README.md").read_text()
+    )
+
+
+@pytest.mark.slow
+def test_the_finetune_benchmark_sets_each_runs_own_figures_side_by_side(tmp_path, trained_folder):
+    start, _ = trained_folder
+    output = tmp_path / "bench"
+    command = [sys.executable, str(ROOT / "scripts" / "finetune_benchmark.py"), "--model_name_or_path", str(start)]
+    command += ["--output_dir", str(output), "--data_files", str(TRAIN_200), "--validation_files", str(TEST_40)]
+    command += ["--test_files", str(TEST_40), "--seeds", "0", "--max_steps", "6", "--max_eval_samples", "10"]
+    command += ["--test_beams", "1", "--eval_strategy", "no", "--length_penalty_choices", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    figures = json.loads((output / "figures.json").read_text())
+    rows = {row["row"]: row for row in figures["rows"]}
+    assert list(rows) == ["start", "finetune-seed0", "scratch-seed0"]
+    for name in ("finetune-seed0", "scratch-seed0"):
+        results = json.loads((output / name / "results.json").read_text())
+        assert rows[name]["bleu"] == results["test"]["bleu"] and rows[name]["updates"] == 6
+    assert json.loads((output / "finetune-seed0" / "results.json").read_text())["recipe"]["recipe_file"] == "finetune"
+    assert rows["scratch-seed0"]["kept"] is None and rows["finetune-seed0"]["kept"] in ("trained", "start")
+    scored = run_script("score.py", start, "--data_files", TEST_40)  # the start row: the folder scored as it is
+    assert rows["start"]["bleu"] == json.loads(scored.stdout[scored.stdout.rfind("\n{") + 1 :])["score"]
+    table = (output / "table.md").read_text()
+    assert f"| start | {rows['start']['bleu']:.2f} |" in table and "| finetune-seed0 |" in table
