@@ -20,6 +20,7 @@ SCRIPT = textwrap.dedent(
     use_fast_allocator()
     maps = open("/proc/self/maps").read()
     print("loaded" if "mimalloc" in maps else "not loaded", os.environ.get("MIMALLOC_PURGE_DELAY"))
+    print("cache", os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"))
     """
 )
 
@@ -29,9 +30,17 @@ needs_mimalloc = pytest.mark.skipif(
 )
 
 
+def expected_cache() -> int | None:
+    """The primitive cache `use_fast_allocator` asks for on this machine, for one process."""
+    from hf_vanilla_transformer.utils.allocator import _total_memory_bytes, primitive_cache_capacity
+
+    return primitive_cache_capacity(_total_memory_bytes(), 1)
+
+
 @needs_mimalloc
 def test_scripts_rerun_once_with_mimalloc_preloaded():
-    environment = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MIMALLOC_PURGE_DELAY")}
+    unset = ("LD_PRELOAD", "MIMALLOC_PURGE_DELAY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LOCAL_WORLD_SIZE")
+    environment = {k: v for k, v in os.environ.items() if k not in unset}
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=environment, timeout=120
     )
@@ -39,17 +48,46 @@ def test_scripts_rerun_once_with_mimalloc_preloaded():
     lines = result.stdout.split("\n")
     assert lines.count("start") == 2  # the first run, then the re-executed one
     assert "loaded -1" in lines
+    assert f"cache {expected_cache()}" in lines  # set in the re-executed process's environment
 
 
 @needs_mimalloc
 def test_the_system_allocator_can_be_kept():
     environment = {**os.environ, "HF_VANILLA_TRANSFORMER_ALLOCATOR": "system"}
-    environment.pop("LD_PRELOAD", None)
+    for name in ("LD_PRELOAD", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LOCAL_WORLD_SIZE"):
+        environment.pop(name, None)
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=environment, timeout=120
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("start") == 1 and "not loaded" in result.stdout
+    assert f"cache {expected_cache()}" in result.stdout.splitlines()  # the cache is not the allocator's setting
+
+
+def test_the_primitive_cache_is_enlarged_only_with_the_memory_for_it_and_never_over_the_users_value(monkeypatch):
+    from hf_vanilla_transformer.utils import allocator
+
+    memory, large = allocator.CACHE_MEMORY_BYTES, allocator.LARGE_PRIMITIVE_CACHE
+    assert allocator.primitive_cache_capacity(memory, 1) == large
+    assert allocator.primitive_cache_capacity(memory - 1, 1) is None  # oneDNN's default
+    assert allocator.primitive_cache_capacity(4 * memory, 4) == large
+    assert allocator.primitive_cache_capacity(4 * memory, 5) is None  # each process needs its own
+    for total, processes, mine, expected in [
+        (memory, None, None, str(large)),
+        (memory, "2", None, None),  # two processes of an accelerate launch on the machine
+        (memory - 1, None, None, None),
+        (4 * memory, None, "2048", "2048"),  # the user's value stays
+        (4 * memory, None, "0", "0"),  # oneDNN's own way to turn the cache off, too
+    ]:
+        monkeypatch.setattr(allocator, "_total_memory_bytes", lambda total=total: total)
+        for name, value in (("LOCAL_WORLD_SIZE", processes), (allocator.PRIMITIVE_CACHE, mine)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        allocator.use_large_primitive_cache()
+        assert os.environ.get(allocator.PRIMITIVE_CACHE) == expected, (total, processes, mine)
+    assert allocator._total_memory_bytes() > 2**30  # this machine's memory is read
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

@@ -9,6 +9,15 @@ same with tcmalloc). The allocator changes no number the model computes.
 `use_fast_allocator()` re-executes the current command with mimalloc preloaded, once, at the start of a script.
 It does nothing where mimalloc is not installed (the `cmeel-mimalloc` wheel, a Linux dependency of this
 package), where another allocator is already preloaded, or when `HF_VANILLA_TRANSFORMER_ALLOCATOR=system`.
+
+It also lets oneDNN keep more of its primitives (`primitive_cache_capacity`). Every distinct shape of a matrix
+product (forward, and both products of its backward) is a oneDNN primitive, created the first time it is met; the
+cache keeps 1,024 of them by default. The help corpus's batches come in 664 distinct shapes at 1,024 tokens, several
+primitives each, so with the default every epoch creates them again. With 16,384 an update of the main job
+(`small`, bf16, eager) took 0.194 s in its second epoch against 0.230 s (-15%, +18% updates in a budget), the
+process peaking at 5.2 GB against 1.6 GB (AMD EPYC Zen 4, 2 cores; docs/cpu_recipe.md). The larger cache is set
+only where the machine has `CACHE_MEMORY_BYTES` of memory per training process, and never over a value the user
+set (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`). It changes no number the model computes.
 """
 
 from __future__ import annotations
@@ -33,8 +42,39 @@ def mimalloc_library() -> Path | None:
     return None
 
 
+PRIMITIVE_CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+LARGE_PRIMITIVE_CACHE = 16384  # primitives; oneDNN's default is 1,024
+CACHE_MEMORY_BYTES = 16 * 2**30  # the memory per training process from which the larger cache is set
+
+
+def primitive_cache_capacity(memory_bytes: int, processes: int) -> int | None:
+    """The oneDNN primitive cache this package asks for on a machine of `memory_bytes` running `processes` training
+    processes: `LARGE_PRIMITIVE_CACHE` where each has `CACHE_MEMORY_BYTES`, else None (oneDNN's default)."""
+    return LARGE_PRIMITIVE_CACHE if memory_bytes >= CACHE_MEMORY_BYTES * max(1, processes) else None
+
+
+def _total_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def use_large_primitive_cache() -> None:
+    """Ask oneDNN for `LARGE_PRIMITIVE_CACHE` primitives where `primitive_cache_capacity` allows it and the user has
+    not set ONEDNN_PRIMITIVE_CACHE_CAPACITY (read when oneDNN creates its first primitive)."""
+    if PRIMITIVE_CACHE in os.environ:
+        return
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)  # set by accelerate launch and torchrun
+    capacity = primitive_cache_capacity(_total_memory_bytes(), processes)
+    if capacity is not None:
+        os.environ[PRIMITIVE_CACHE] = str(capacity)
+
+
 def use_fast_allocator() -> None:
-    """Re-run this process with mimalloc preloaded (Linux only; see the module docstring). Call it first thing."""
+    """Re-run this process with mimalloc preloaded (Linux only; see the module docstring), with a larger oneDNN
+    primitive cache where the machine's memory allows it. Call it first thing."""
+    use_large_primitive_cache()
     if sys.platform != "linux" or os.environ.get("HF_VANILLA_TRANSFORMER_ALLOCATOR") == "system":
         return
     preloaded = os.environ.get("LD_PRELOAD", "")
