@@ -279,23 +279,31 @@ def test_pytest_xdists_lines_are_counted_as_one_processs():
     }
 
 
-@pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
-def test_the_gpu_tests_run_in_parallel_processes_and_a_failure_is_counted_and_kept_once(tmp_path):
-    """Two tests run in two worker processes, and a failure's traceback is
-    written once, by pytest-xdist's controller (each worker's report reaches it)."""
+def stand_in_clone(tmp_path, tests: str):
+    """A clone of the repository for `gpu_tests_step` holding only tests/conftest.py and `tests` (the source of
+    tests/test_stand_in.py, marked gpu): (clone, the check's folder, the environment that imports this package)."""
     clone = tmp_path / "clone"
     (clone / "tests").mkdir(parents=True)
     (clone / "tests" / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
-    (clone / "tests" / "test_stand_in.py").write_text(
-        "import os, time, pytest\n"
-        "pytestmark = pytest.mark.gpu\n"
-        "def test_a():\n    time.sleep(3)\n    assert os.environ['PYTEST_XDIST_WORKER']\n"
-        "def test_b():\n    time.sleep(3)\n    assert 1 == 2, 'the failure'\n"
-    )
+    (clone / "tests" / "test_stand_in.py").write_text(tests)
     (clone / "pyproject.toml").write_text('[tool.pytest.ini_options]\nmarkers = ["gpu: needs a GPU"]\n')
     folder = tmp_path / "check"
     folder.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return clone, folder, env
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
+def test_the_gpu_tests_run_in_parallel_processes_and_a_failure_is_counted_and_kept_once(tmp_path):
+    """Two tests run in two worker processes, and a failure's traceback is
+    written once, by pytest-xdist's controller (each worker's report reaches it)."""
+    clone, folder, env = stand_in_clone(
+        tmp_path,
+        "import os, time, pytest\n"
+        "pytestmark = pytest.mark.gpu\n"
+        "def test_a():\n    time.sleep(3)\n    assert os.environ['PYTEST_XDIST_WORKER']\n"
+        "def test_b():\n    time.sleep(3)\n    assert 1 == 2, 'the failure'\n",
+    )
     step = gpu_tests_step(clone, folder, env, GPU_MODE.tests_seconds, workers=2)
     assert "-n" in step["command"].split() and (step["passed"], step["failed"]) == (1, 1), step
     assert list(step["tracebacks"]) == ["tests/test_stand_in.py::test_b (call)"]
@@ -421,19 +429,13 @@ def test_a_failed_gpu_tests_traceback_is_kept_even_when_the_step_is_stopped_at_i
     prints them in its summary): tests/conftest.py adds each failure's traceback to a file as it happens, and the
     step reads the file whatever became of pytest. Here a test of the clone fails, then pytest is killed as the
     limit kills it (SIGKILL, no summary)."""
-    clone = tmp_path / "clone"
-    (clone / "tests").mkdir(parents=True)
-    (clone / "tests" / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
-    (clone / "tests" / "test_stand_in.py").write_text(
+    clone, folder, env = stand_in_clone(
+        tmp_path,
         "import os, signal, pytest\n"
         "pytestmark = pytest.mark.gpu\n"
         "def test_a_kernel():\n    assert 8 >= 16, '=== Inductor === NYI: embedding dimension must be at least 16'\n"
-        "def test_b_killed():\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "def test_b_killed():\n    os.kill(os.getpid(), signal.SIGKILL)\n",
     )
-    (clone / "pyproject.toml").write_text('[tool.pytest.ini_options]\nmarkers = ["gpu: needs a GPU"]\n')
-    folder = tmp_path / "check"
-    folder.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     step = gpu_tests_step(clone, folder, env, GPU_MODE.tests_seconds)  # one process: killed
     assert step["status"] == "failed (exit status -9)" and step["failed"] == 1, step
     assert "short test summary" not in (folder / "gpu_tests.log").read_text()  # no summary, no traceback there
