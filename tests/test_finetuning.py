@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from hf_vanilla_transformer.training import recipes
 from hf_vanilla_transformer.training.budget.schedule import learning_rate
 from hf_vanilla_transformer.training.recipes import parse_run, read_recipe, recipe_values
-from hf_vanilla_transformer.training.start import better_or_equal
+from hf_vanilla_transformer.training.start import better_or_equal, fingerprint
 
 from conftest import FIXTURES, ROOT, run_script
 
@@ -36,6 +36,8 @@ def test_a_saved_model_takes_the_finetune_recipe_over_the_machines_and_a_named_r
     assert settings.rate.owner_d_model is None and settings.rate.reference_tokens is None
     for width in (256, 512):
         assert learning_rate(settings.rate, width, 100, 4096).peak == pytest.approx(own["peak_learning_rate"])
+    dashed = parse_run(["--model-name-or-path", "runs/start", "--output_dir", str(tmp_path)])  # as HfArgumentParser
+    assert dashed.recipe.recipe == "finetune"
     # A recipe named on the command line is the run's: the CPU recipe's from-scratch ramp.
     named = parse_run(["--model_name_or_path", "runs/start", "--recipe", "cpu", "--output_dir", str(tmp_path)])
     assert named.recipe.recipe == "cpu" and named.recipe.dropout == 0.0
@@ -112,3 +114,29 @@ def test_the_finetune_benchmark_sets_each_runs_own_figures_side_by_side(tmp_path
     assert rows["start"]["bleu"] == json.loads(scored.stdout[scored.stdout.rfind("\n{") + 1 :])["score"]
     table = (output / "table.md").read_text()
     assert f"| start | {rows['start']['bleu']:.2f} |" in table and "| finetune-seed0 |" in table
+
+
+def test_a_recorded_start_is_reused_only_for_the_same_model_and_validation_pairs(tmp_path):
+    """A resumed run reads its start from start.json; another folder of the same name, a changed folder or other
+    validation pairs measure it again (their fingerprints differ); no path is in the fingerprint."""
+    first, second = tmp_path / "a" / "model", tmp_path / "b" / "model"
+    for folder, width in ((first, 256), (second, 512)):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({"d_model": width}))
+    pairs = (["Hello."], ["Hallo."])
+    mark = fingerprint(str(first), pairs)
+    assert mark == fingerprint(str(first), pairs) and str(tmp_path) not in mark
+    assert mark != fingerprint(str(second), pairs)  # the same name, another model
+    assert mark != fingerprint(str(first), (["Hello."], ["Guten Tag."]))  # other validation pairs
+    (first / "model.safetensors").write_bytes(b"weights")
+    assert mark != fingerprint(str(first), pairs)  # the folder changed
+    assert fingerprint("owner/model", pairs) != fingerprint("owner/other", pairs)  # a Hub id
+
+
+def test_a_start_inside_the_output_folder_is_refused(tmp_path):
+    start = tmp_path / "out" / "checkpoint-6"
+    start.mkdir(parents=True)
+    for output in (tmp_path / "out", start):
+        with pytest.raises(ValueError, match=r"model_name_or_path=.*checkpoint-6' is inside output_dir="):
+            parse_run(["--model_name_or_path", str(start), "--output_dir", str(output)])
+    assert parse_run(["--model_name_or_path", str(start), "--output_dir", str(tmp_path / "tuned")])

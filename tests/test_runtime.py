@@ -80,6 +80,9 @@ def test_the_primitive_cache_is_enlarged_only_with_the_memory_for_it_and_never_o
         (4 * memory, None, "0", "0"),  # oneDNN's own way to turn the cache off, too
     ]:
         monkeypatch.setattr(allocator, "_total_memory_bytes", lambda total=total: total)
+        monkeypatch.delenv("DNNL_PRIMITIVE_CACHE_CAPACITY", raising=False)
+        for name in allocator.LOCAL_PROCESS_COUNTS[1:]:
+            monkeypatch.delenv(name, raising=False)
         for name, value in (("LOCAL_WORLD_SIZE", processes), (allocator.PRIMITIVE_CACHE, mine)):
             if value is None:
                 monkeypatch.delenv(name, raising=False)
@@ -87,7 +90,29 @@ def test_the_primitive_cache_is_enlarged_only_with_the_memory_for_it_and_never_o
                 monkeypatch.setenv(name, value)
         allocator.use_large_primitive_cache()
         assert os.environ.get(allocator.PRIMITIVE_CACHE) == expected, (total, processes, mine)
-    assert allocator._total_memory_bytes() > 2**30  # this machine's memory is read
+    monkeypatch.setattr(allocator, "_total_memory_bytes", lambda: 4 * memory)
+    monkeypatch.delenv(allocator.PRIMITIVE_CACHE)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("DNNL_PRIMITIVE_CACHE_CAPACITY", "512")  # the older name: the user's too
+    allocator.use_large_primitive_cache()
+    assert allocator.PRIMITIVE_CACHE not in os.environ
+    monkeypatch.delenv("DNNL_PRIMITIVE_CACHE_CAPACITY")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "5")  # an MPI launch of five processes on the machine
+    allocator.use_large_primitive_cache()
+    assert allocator.PRIMITIVE_CACHE not in os.environ
+    monkeypatch.undo()
+    assert allocator._total_memory_bytes() > 2**30  # this machine's (or container's) memory is read
+
+
+def test_a_containers_memory_limit_counts_over_the_machines(tmp_path, monkeypatch):
+    from hf_vanilla_transformer.utils import allocator
+
+    limit = tmp_path / "memory.max"
+    limit.write_text(f"{2**30}\n")
+    monkeypatch.setattr(allocator, "CGROUP_LIMITS", (str(tmp_path / "absent"), str(limit)))
+    assert allocator._total_memory_bytes() == 2**30
+    limit.write_text("max\n")  # cgroup v2's "no limit"
+    assert allocator._total_memory_bytes() > 2**30
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")

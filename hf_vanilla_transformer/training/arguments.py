@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from transformers import (
     Seq2SeqTrainingArguments,
@@ -387,6 +388,14 @@ def check_run_arguments(recipe: ModelDataArguments, args: TransformerTrainingArg
             f"preset_choices={recipe.preset_choices!r} cannot apply to the saved model {recipe.model_name_or_path!r}; "
             "give one or the other."
         )
+    if recipe.model_name_or_path and Path(recipe.model_name_or_path).exists():
+        start, output = Path(recipe.model_name_or_path).resolve(), Path(args.output_dir).resolve()
+        if start == output or output in start.parents:
+            raise ValueError(
+                f"model_name_or_path={recipe.model_name_or_path!r} is inside output_dir={args.output_dir!r}: the run "
+                "writes its checkpoints and its model there, over the model it starts from and keeps if it is the "
+                "better; give another output_dir."
+            )
 
 
 def check_recipe_arguments(recipe: ModelDataArguments) -> None:

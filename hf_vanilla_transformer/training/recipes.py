@@ -101,7 +101,7 @@ def parse_arguments(
     checked: `parse_run` settles them (`settings.settle`, every check)."""
     first = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     first.add_argument("--recipe", default=default_recipe)
-    first.add_argument("--model_name_or_path")
+    first.add_argument("--model_name_or_path", "--model-name-or-path")  # HfArgumentParser takes both
     known, _ = first.parse_known_args(argv)
     values = dict(defaults or {})
     if known.model_name_or_path and "recipe" not in given_flags(argv if argv is not None else sys.argv[1:]):

@@ -106,11 +106,11 @@ def _train_and_evaluate(settings: RunSettings, command: str, examples: int, star
     # 2. The data, once; a saved model to continue measured before its first update (`training/start.py`).
     data = prepare_data(settings, clock, SetupClock(started, rank=args.process_index))
     start = None
-    if settings.recipe.model_name_or_path:  # fine-tuning
+    if settings.recipe.model_name_or_path:  # fine-tuning: the main process measures, every process waits for it
         with data.clock.stage("starting point"):
-            start = starting_point(settings, data)
-    if start is not None:  # its measurement again at the end, in the budget
-        clock = clock.with_final_check(start["seconds"])
+            start = main_process_value(starting_point(settings, data))
+    if start is not None:  # measured again at the end, in the budget: twice its time (a worse model decodes longer)
+        clock = clock.with_final_check(2 * start["seconds"])
     # 3-5. Plan, Trainer, train; a switch to another choice goes back to the plan with the same data.
     training = prepare_training(settings, data, clock, resume)
     train_started = time.time()

@@ -2,15 +2,18 @@
 
 A run that starts from a saved model (`--model_name_or_path`) measures that model before its first update on the
 validation pairs its validations use (the first `max_eval_samples`, greedy, as they decode): `starting_point`, kept in
-the output folder (`start.json`) so that a resumed run compares with the same start. At the end the trained
-(averaged) model is measured the same way, and the better of the two on validation BLEU becomes the model folder
-(`keep_the_better`: BLEU first, chrF at equal BLEU; a tie keeps the trained one): the log, `results.json` ("kept") and the model card say which.
-The second measurement is in the budget: the clock keeps the first's seconds for it (`BudgetClock.with_final_check`).
+the output folder (`start.json`, with the `fingerprint` of the model and the pairs) so that a resumed run compares
+with the same start. At the end the trained (averaged) model is measured the same way, and the better of the two on
+validation BLEU becomes the model folder (`keep_the_better`: BLEU first, chrF at equal BLEU; a tie keeps the trained
+one): the log, `results.json` ("kept") and the model card say which. The second measurement is in the budget: the
+clock keeps twice the first's seconds for it (`BudgetClock.with_final_check`; a worse model often decodes longer).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -18,6 +21,8 @@ from ..evaluation.translation import evaluate_translations
 from ..utils.files import write_json_atomically
 from .models import build_model
 
+
+logger = logging.getLogger(__name__)
 
 START_FILE = "start.json"  # the starting model's validation scores, in the output folder
 
@@ -40,20 +45,48 @@ def validation_score(model, tokenizer, pairs: tuple[list[str], list[str]]) -> di
     return {"bleu": scores["score"], "chrf": scores["chrf"], "pairs": len(pairs[0]), "seconds": time.time() - began}
 
 
+def fingerprint(model_name_or_path: str, pairs: tuple[list[str], list[str]]) -> str:
+    """What a recorded start must match to be reused: a hash of the starting model (a local folder: its resolved
+    path, its config and the size and modification time of each of its files; a Hub id: the id) and of the
+    validation pairs. A hash only: no path reaches the output folder."""
+    digest = hashlib.sha256()
+    folder = Path(model_name_or_path)
+    if folder.is_dir():
+        digest.update(str(folder.resolve()).encode())
+        for file in sorted(item for item in folder.iterdir() if item.is_file() and not item.is_symlink()):
+            status = file.stat()
+            digest.update(f"{file.name}:{status.st_size}:{status.st_mtime_ns}".encode())
+        if (folder / "config.json").is_file():
+            digest.update((folder / "config.json").read_bytes())
+    else:
+        digest.update(model_name_or_path.encode())
+    for side in pairs:
+        digest.update("\n".join(side).encode())
+    return digest.hexdigest()
+
+
 def starting_point(settings, data) -> dict | None:
     """The starting model's validation scores (see the module docstring): read from the output folder where a run
-    of it recorded them, else measured and recorded; None where the run starts from no saved model, has no
-    validation split, or is not the process that writes the folder."""
+    of the same model on the same validation pairs recorded them (`fingerprint`), else measured and recorded; None
+    where the run starts from no saved model, has no validation split (said in the log), or is not the process that
+    writes the folder."""
     recipe, args = settings.recipe, settings.args
     pairs = validation_pairs(data.corpus, recipe.max_eval_samples)
+    if recipe.model_name_or_path and pairs is None:
+        logger.warning(
+            "no validation split: the model %s started from is not measured, and the trained model is kept whatever "
+            "it scores (give --validation_files to keep the better of the two)",
+            Path(recipe.model_name_or_path).name,
+        )
     if not recipe.model_name_or_path or pairs is None or not args.should_save:
         return None
     path, name = Path(args.output_dir) / START_FILE, Path(recipe.model_name_or_path).name
+    mark = fingerprint(recipe.model_name_or_path, pairs)
     recorded = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
-    if recorded is not None and recorded.get("model") == name and recorded.get("pairs") == len(pairs[0]):
+    if recorded is not None and recorded.get("fingerprint") == mark:
         return recorded  # a resumed run: the same start, measured before its first update
     model = build_model(recipe, data.tokenizer).to(args.device).eval()
-    start = {"model": name, **validation_score(model, data.tokenizer, pairs)}
+    start = {"model": name, "fingerprint": mark, **validation_score(model, data.tokenizer, pairs)}
     print(
         f"Starting point: {start['model']}, validation BLEU {start['bleu']:.2f} (chrF {start['chrf']:.2f}) on "
         f"{start['pairs']} pairs, greedy.",

@@ -53,20 +53,47 @@ def primitive_cache_capacity(memory_bytes: int, processes: int) -> int | None:
     return LARGE_PRIMITIVE_CACHE if memory_bytes >= CACHE_MEMORY_BYTES * max(1, processes) else None
 
 
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # v2, v1
+LOCAL_PROCESS_COUNTS = (  # the training processes on this machine, as torchrun, accelerate and MPI launchers say
+    "LOCAL_WORLD_SIZE",
+    "MPI_LOCALNRANKS",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MV2_COMM_WORLD_LOCAL_SIZE",
+)
+
+
 def _total_memory_bytes() -> int:
+    """The memory this process may use: the machine's, or its container's limit (cgroup v2 or v1) where lower."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 0
+    for limit in CGROUP_LIMITS:
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def _local_processes() -> int:
+    for name in LOCAL_PROCESS_COUNTS:
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
 
 
 def use_large_primitive_cache() -> None:
-    """Ask oneDNN for `LARGE_PRIMITIVE_CACHE` primitives where `primitive_cache_capacity` allows it and the user has
-    not set ONEDNN_PRIMITIVE_CACHE_CAPACITY (read when oneDNN creates its first primitive)."""
-    if PRIMITIVE_CACHE in os.environ:
+    """Ask oneDNN for `LARGE_PRIMITIVE_CACHE` primitives where `primitive_cache_capacity` allows it (the memory of
+    the machine or its container, the training processes the launcher says run on it) and the user has not set
+    ONEDNN_PRIMITIVE_CACHE_CAPACITY or its older name DNNL_PRIMITIVE_CACHE_CAPACITY (read when oneDNN creates its
+    first primitive)."""
+    if PRIMITIVE_CACHE in os.environ or "DNNL_PRIMITIVE_CACHE_CAPACITY" in os.environ:  # the user's, either name
         return
-    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)  # set by accelerate launch and torchrun
-    capacity = primitive_cache_capacity(_total_memory_bytes(), processes)
+    capacity = primitive_cache_capacity(_total_memory_bytes(), _local_processes())
     if capacity is not None:
         os.environ[PRIMITIVE_CACHE] = str(capacity)
 
