@@ -42,7 +42,7 @@ class BudgetClock:
 
     def with_final_check(self, seconds: float) -> BudgetClock:
         """This clock with `seconds` more kept at the end: a fine-tuning run's second measurement of its model on the
-        validation pairs (`training/start.py`), as long as its first."""
+        validation pairs (`training/start.py`)."""
         return replace(self, finishing=self.finishing + max(0.0, seconds))
 
     def spent(self) -> float:
