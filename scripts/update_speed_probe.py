@@ -27,13 +27,16 @@ use_fast_allocator()
 
 from transformers import TrainerCallback  # noqa: E402
 
-import hf_vanilla_transformer.training.budget.planner as planner  # noqa: E402
-import hf_vanilla_transformer.training.run_data as run_data  # noqa: E402
+import hf_vanilla_transformer.utils.device as device_module  # noqa: E402
+
+
+# The collator's and the plan's padding: set before the modules that read it are imported.
+device_module.pad_multiple = lambda device: multiple
+
 from hf_vanilla_transformer.training.recipes import parse_run  # noqa: E402
 from hf_vanilla_transformer.training.run import prepare_run  # noqa: E402
 
 
-run_data.pad_multiple = planner.pad_multiple = lambda device: multiple  # the collator's and the plan's padding
 flags = ["--recipe", "cpu", "--preset", "small", "--precision", "bf16", "--attn_implementation", "eager"]
 flags += ["--output_dir", f"/tmp/update-speed-probe-{os.getpid()}", "--max_steps", str(last), "--eval_strategy", "no"]
 flags += ["--save_strategy", "no", "--disable_tqdm", "true", "--logging_steps", "100000"]

@@ -100,7 +100,7 @@ def plan_of(**fields):
     from hf_vanilla_transformer.training.budget.plan import BudgetPlan
 
     defaults = dict(max_steps=100, warmup_steps=1, save_steps=100, eval_steps=None, precision="fp32")
-    return BudgetPlan(**{**defaults, "attn_implementation": "sdpa", **fields})
+    return BudgetPlan.of(**{**defaults, "attn_implementation": "sdpa", **fields})
 
 
 def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:

@@ -27,6 +27,8 @@ from hf_vanilla_transformer.training.budget.calibration import measure_updates
 from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, BudgetClock
 from hf_vanilla_transformer.training.budget.costs import (
     BudgetRules,
+    HeldOut,
+    ReplanRoom,
     decode_seconds,
     decoding_steps_ratio,
     updates_that_fit,
@@ -232,7 +234,7 @@ def test_the_deadline_stops_training_and_saves():
 
 
 def test_a_recorded_plan_comes_back_from_a_checkpoint_first(tmp_path):
-    plan = BudgetPlan(
+    plan = BudgetPlan.of(
         max_steps=77,
         warmup_steps=14,
         save_steps=7,
@@ -248,7 +250,7 @@ def test_a_recorded_plan_comes_back_from_a_checkpoint_first(tmp_path):
     (checkpoint / "trainer_state.json").write_text(json.dumps(state))
     (tmp_path / "budget.json").write_text(json.dumps({**plan.to_dict(), "max_steps": 99}))
     assert recorded_plan(tmp_path, checkpoint) == plan
-    assert recorded_plan(tmp_path, None).max_steps == 99
+    assert recorded_plan(tmp_path, None).schedule.max_steps == 99
     assert recorded_plan(tmp_path / "elsewhere", None) is None
 
 
@@ -277,16 +279,20 @@ def test_a_smaller_preset_is_trained_where_the_recipes_does_not_reach_its_update
     )
     run = prepare_run(settle(recipe, args))
     trainer, tokenizer, plan = run.trainer, run.tokenizer, run.plan
-    assert plan.preset == chosen and recipe.preset == "small"  # the plan chose; the user's arguments stay as given
+    assert (
+        plan.choice.preset == chosen and recipe.preset == "small"
+    )  # the plan chose; the user's arguments stay as given
     # Each size is measured first at its smallest batch: one that reaches no min_updates there goes no further.
-    assert set(plan.measured) == {"small/fp32/sdpa@512"} | (
+    assert set(plan.record.measured) == {"small/fp32/sdpa@512"} | (
         {"tiny/fp32/sdpa@1024", "tiny/fp32/sdpa@512"} if chosen == "tiny" else {"small/fp32/sdpa@1024"}
     )
     assert f"the {chosen} model (small, tiny: " in plan.summary() and "the Trainer's own update" in plan.summary()
     # The plan's update: the calibration's times what the real Trainer took over it on the run's batches.
-    assert plan.seconds_per_update == pytest.approx(plan.calibrated_seconds_per_update * plan.trainer_ratio)
-    assert plan.trial["trainer_seconds"] > 0 and plan.trainer_ratio != 1.0
-    assert plan.max_tokens == (1024 if chosen == "small" else 512)  # none reaches: the smallest of each choice
+    assert plan.update.seconds_per_update == pytest.approx(
+        plan.update.calibrated_seconds_per_update * plan.update.trainer_ratio
+    )
+    assert plan.record.trial["trainer_seconds"] > 0 and plan.update.trainer_ratio != 1.0
+    assert plan.choice.max_tokens == (1024 if chosen == "small" else 512)  # none reaches: the smallest of each choice
     # The model trained is the chosen preset's, with the initial weights the seed gives it when asked for directly.
     direct = build_model(dataclasses.replace(recipe, preset=chosen, preset_choices=None), tokenizer, seed=3)
     assert trainer.model.config.d_model == direct.config.d_model
@@ -305,6 +311,7 @@ def test_the_precision_is_chosen_at_the_largest_batch_and_a_size_too_slow_at_its
     attentions are measured on the first size at the largest batch, each size first at its smallest batch, and one
     too slow there (base) has no other batch size, checkpoint or decoding step measured."""
     from hf_vanilla_transformer.training.budget import calibration as calibration_module
+    from hf_vanilla_transformer.training.budget import measuring as measuring_module
     from hf_vanilla_transformer.training.budget import planner as planner_module
     from hf_vanilla_transformer.training.budget.calibration import Timing, UpdateChoices, candidate_key
     from hf_vanilla_transformer.training.budget.clock import BudgetClock
@@ -339,11 +346,11 @@ def test_the_precision_is_chosen_at_the_largest_batch_and_a_size_too_slow_at_its
     checkpoints = []
     monkeypatch.setattr(calibration_module, "measure_updates", stand_in)
     monkeypatch.setattr(calibration_module.Calibration, "batches", lambda self, size, count, taken: [{"size": size}])
-    monkeypatch.setattr(planner_module, "measure_checkpoint_seconds", lambda model: checkpoints.append(1) or 0.01)
-    monkeypatch.setattr(planner_module.Planner, "trainer_ratio", lambda self, *chosen: (1.0, [], None))
+    monkeypatch.setattr(measuring_module, "measure_checkpoint_seconds", lambda model: checkpoints.append(1) or 0.01)
+    monkeypatch.setattr(planner_module, "trainer_ratio", lambda inputs, *chosen: (1.0, [], None))
     model = build_model(recipe, data.tokenizer, "base")
     build = lambda preset: widths.setdefault(preset, build_model(recipe, data.tokenizer, preset))  # noqa: E731
-    plan = planner_module.Planner(settings, data, clock, build).plan(model)
+    plan = planner_module.plan_run(planner_module.plan_inputs(settings, data, clock, build), model)
     base, small = 512, 256
     stages = [(width, size) for width, size, _ in measured]
     # 1. base's precisions and attentions at the largest batch (1,024); bf16 wins there, tf32 at 512 would have.
@@ -351,10 +358,10 @@ def test_the_precision_is_chosen_at_the_largest_batch_and_a_size_too_slow_at_its
     assert stages[:4] == [(base, 1024)] * 4 and {key for _, _, key in measured[:4]} == keys
     assert update_seconds(base, 512, "tf32", "sdpa") < update_seconds(base, 512, "bf16", "sdpa")
     # 2. base at its smallest batch only: too slow for 20,000 updates there; small at 512, then at 1,024.
-    assert stages[4:] == [(base, 512), (small, 512), (small, 1024)] and plan.preset == "small"
-    assert (plan.precision, plan.attn_implementation) == ("bf16", "sdpa")
+    assert stages[4:] == [(base, 512), (small, 512), (small, 1024)] and plan.choice.preset == "small"
+    assert (plan.choice.precision, plan.choice.attn_implementation) == ("bf16", "sdpa")
     assert len(checkpoints) == 1  # small's: base was not measured that far
-    assert "base/bf16/sdpa@512" in plan.measured and "base/bf16/sdpa@1024" in plan.measured
+    assert "base/bf16/sdpa@512" in plan.record.measured and "base/bf16/sdpa@1024" in plan.record.measured
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -506,17 +513,21 @@ def test_the_train_script_ends_a_bad_recipe_or_data_file_with_one_line(tmp_path)
 REFIT_RULES = BudgetRules(
     events=EventRule(checkpoints_per_run=12, evaluations_per_run=6, save_steps=1000, eval_steps=None),
     validates=True,
-    max_updates=None,
-    first_check=125,
-    validation_pairs=200,
-    test_sentences=1152 + 3 * 200,  # the test pairs, and the validation pairs once per alpha
-    test_beams=4,
+    # the test pairs, and the validation pairs once per alpha
+    held_out=HeldOut(validation_pairs=200, test_sentences=1152 + 3 * 200, test_beams=4),
+    room=ReplanRoom(max_updates=None, first_check=125),
 )
+
+
+def with_room(rules: BudgetRules, **room) -> BudgetRules:
+    return dataclasses.replace(rules, room=dataclasses.replace(rules.room, **room))
+
+
 PLANNED = plan_of(max_steps=3101, warmup_steps=1000, save_steps=259, eval_steps=518)
 
 
 def spacing(plan: BudgetPlan) -> tuple:
-    return (plan.max_steps, plan.warmup_steps, plan.save_steps, plan.eval_steps)
+    return (plan.schedule.max_steps, plan.schedule.warmup_steps, plan.schedule.save_steps, plan.schedule.eval_steps)
 
 
 def test_the_refit_length_pays_for_the_checkpoints_and_validations_still_to_come():
@@ -527,9 +538,9 @@ def test_the_refit_length_pays_for_the_checkpoints_and_validations_still_to_come
     # Slower than planned: shorter, the same number of checkpoints and validations per run, the warmup kept.
     assert spacing(refit(PLANNED, REFIT_RULES, 125, 0.5, usable(1200.0), 1.0, 20.0)) == (2203, 1000, 184, 368)
     # The epoch cap holds; a run out of time ends at the next update (the deadline stops it there).
-    capped = dataclasses.replace(REFIT_RULES, max_updates=3500)
-    assert refit(PLANNED, capped, 125, 0.27, usable(1200.0), 1.0, 20.0).max_steps == 3500
-    assert refit(PLANNED, REFIT_RULES, 2000, 0.27, usable(-5.0), 1.0, 20.0).max_steps == 2001
+    capped = with_room(REFIT_RULES, max_updates=3500)
+    assert refit(PLANNED, capped, 125, 0.27, usable(1200.0), 1.0, 20.0).schedule.max_steps == 3500
+    assert refit(PLANNED, REFIT_RULES, 2000, 0.27, usable(-5.0), 1.0, 20.0).schedule.max_steps == 2001
     with pytest.raises(ValueError, match="seconds_per_update=0"):
         refit(PLANNED, REFIT_RULES, 125, 0.0, usable(1200.0), 1.0, 20.0)
 
@@ -551,7 +562,7 @@ def test_the_test_decoding_is_predicted_from_a_validations_decoding_speed():
     # A 12 s validation of 200 pairs at 0.3 s per update: 0.094 s of loss batches, 0.0595 s per greedy sentence;
     # 1,752 sentences with 4 beams at 3 times the cost of a greedy one: 313 s.
     assert REFIT_RULES.predicted_decode_seconds(12.0, 0.3) == pytest.approx(312.90, abs=0.01)
-    greedy = dataclasses.replace(REFIT_RULES, test_beams=1)
+    greedy = dataclasses.replace(REFIT_RULES, held_out=dataclasses.replace(REFIT_RULES.held_out, test_beams=1))
     assert greedy.predicted_decode_seconds(12.0, 0.3) == pytest.approx(104.30, abs=0.01)
     # Where the source check took 2 s of the validation, its two loss passes and the Trainer's took 3 s.
     assert REFIT_RULES.predicted_decode_seconds(12.0, 0.3, 2.0) == pytest.approx(236.52, abs=0.01)
@@ -600,8 +611,7 @@ def test_the_budget_callback_replans_after_its_first_updates_and_after_each_vali
     from transformers import TrainingArguments
 
     clock = [1000.0]
-    plan = dataclasses.replace(
-        PLANNED,
+    plan = PLANNED.but(
         seconds_per_update=0.41,
         predicted_decode_seconds=80.0,
         validation_seconds=20.0,
@@ -612,33 +622,35 @@ def test_the_budget_callback_replans_after_its_first_updates_and_after_each_vali
     state, control = TrainerState(max_steps=12404, global_step=0), TrainerControl()
     callback.on_train_begin(args, state, control)
     assert state.max_steps == 3101  # the plan's, not the bound
-    assert (callback.plan.save_steps, callback.plan.eval_steps) == (259, 518)
+    assert (callback.plan.schedule.save_steps, callback.plan.schedule.eval_steps) == (259, 518)
     assert state.save_steps == 0  # spaced by the callback from the last event, not by the Trainer's multiples
     for step in range(1, 126):  # 0.27 s per update where 0.41 was planned
         clock[0] += 0.27
         state.global_step = step
         callback.on_step_end(args, state, control)
-    first = callback.plan.replans[0]
+    first = callback.plan.history.replans[0]
     assert first["at"] == 125 and first["was"] == 3101 and first["seconds_per_update"] == pytest.approx(0.27)
-    assert state.max_steps == callback.plan.max_steps == first["max_steps"] > 4000
-    assert callback.plan.save_steps > 259 and callback.plan.warmup_steps == 1000
+    assert state.max_steps == callback.plan.schedule.max_steps == first["max_steps"] > 4000
+    assert callback.plan.schedule.save_steps > 259 and callback.plan.schedule.warmup_steps == 1000
     assert json.loads((tmp_path / "budget.json").read_text())["max_steps"] == state.max_steps  # recorded
     # A validation that decodes slower than planned: the test decoding is predicted longer, the run shorter.
     clock[0] += 60.0
     callback.on_evaluate(args, state, control)
-    assert callback.plan.predicted_decode_seconds > 80.0
-    assert callback.plan.replans[-1]["after"] == "the validation at update 125"
+    assert callback.plan.costs.predicted_decode_seconds > 80.0
+    assert callback.plan.history.replans[-1]["after"] == "the validation at update 125"
     assert state.max_steps < first["max_steps"]
     # The same validation of a model that decoded three times the references' steps: a third of that, and a margin.
-    slow = callback.after_validation(state, 60.0, {}).plan.predicted_decode_seconds
+    slow = callback.after_validation(state, 60.0, {}).plan.costs.predicted_decode_seconds
     steps = {"eval_decoding_steps": 3000, "eval_reference_steps": 1000}
-    assert callback.after_validation(state, 60.0, steps).plan.predicted_decode_seconds == pytest.approx(slow * 1.1 / 3)
+    assert callback.after_validation(state, 60.0, steps).plan.costs.predicted_decode_seconds == pytest.approx(
+        slow * 1.1 / 3
+    )
     # The validation that ends a run re-plans nothing (the length is what was trained).
-    state.global_step, ended = state.max_steps, callback.plan.max_steps
+    state.global_step, ended = state.max_steps, callback.plan.schedule.max_steps
     control.should_training_stop = True
     clock[0] += 60.0
     callback.on_evaluate(args, state, control)
-    assert callback.plan.max_steps == ended == state.max_steps
+    assert callback.plan.schedule.max_steps == ended == state.max_steps
     # What a checkpoint carries back: a resumed run keeps the length, with no deadline and no re-planning.
     resumed = TimeBudgetCallback(**callback.state()["args"])
     assert resumed.rules is None and resumed.clock is None
@@ -668,11 +680,11 @@ CHOICES = [
 def test_a_trainer_much_faster_than_calibrated_switches_to_the_largest_choice_that_now_reaches_min_updates():
     rules = dataclasses.replace(REFIT_RULES, min_updates=3000, max_epochs=20)
     plan = plan_of(preset="compact", max_tokens=1024, candidates=CHOICES)
-    current = (plan.preset, plan.max_tokens)
+    current = (plan.choice.preset, plan.choice.max_tokens)
 
     def better(ratio: float, seconds_left: float, rules=rules, current=current) -> Switch | None:
         left = clock_of(seconds_left, now=lambda: 0.0).seconds_left(restart=True, planned=True)
-        return better_candidate(plan.candidates, current, rules, ratio, left, 1.0, 20.0)
+        return better_candidate(plan.record.candidates, current, rules, ratio, left, 1.0, 20.0)
 
     # 1,300 s left, less 20 s to start again and the whole run's 12 x 1 s + 6 x 20 s, 97% usable: 1,109.6 s. At
     # 0.7 of every calibrated time, small with 2,048 tokens makes 0.35 s per update: 3,170 updates, enough.
@@ -692,8 +704,7 @@ def test_the_first_check_stops_a_run_whose_choice_proved_wrong_before_any_checkp
     from transformers import TrainingArguments
 
     clock = [0.0]
-    plan = dataclasses.replace(
-        PLANNED,
+    plan = PLANNED.but(
         preset="compact",
         max_tokens=1024,
         candidates=CHOICES,
@@ -714,11 +725,11 @@ def test_the_first_check_stops_a_run_whose_choice_proved_wrong_before_any_checkp
     assert control.should_training_stop and not control.should_save
     assert (callback.switch.preset, callback.switch.max_tokens) == ("small", 2048)
     assert callback.switch.seconds_per_update == pytest.approx(0.5 * 0.133 / 0.19)
-    assert callback.plan.replans == []  # no re-plan of a run that starts again
+    assert callback.plan.history.replans == []  # no re-plan of a run that starts again
     # The run started again with that choice is not switched a second time by the same speeds: it re-plans its length.
     clock[0] = 0.0
     again = TimeBudgetCallback(
-        dataclasses.replace(plan, switched_from={"preset": "compact"}), clock_of(1325.0, lambda: clock[0], 80.0), rules
+        plan.but(switched_from={"preset": "compact"}), clock_of(1325.0, lambda: clock[0], 80.0), rules
     )
     state, control = TrainerState(max_steps=12404, global_step=0), TrainerControl()
     again.on_train_begin(args, state, control)
@@ -727,7 +738,7 @@ def test_the_first_check_stops_a_run_whose_choice_proved_wrong_before_any_checkp
         state.global_step = step
         again.on_step_end(args, state, control)
     assert again.switch is None and not control.should_training_stop
-    assert [change["at"] for change in again.plan.replans] == [again.rules.first_check]
+    assert [change["at"] for change in again.plan.history.replans] == [again.rules.room.first_check]
 
 
 @pytest.mark.slow
@@ -771,8 +782,8 @@ def spaced_callback(tmp_path, **plan_fields):
     no first check): (callback, args, state)."""
     from transformers import TrainingArguments
 
-    plan = dataclasses.replace(PLANNED, **plan_fields)
-    callback = TimeBudgetCallback(plan, clock_of(10**6), dataclasses.replace(REFIT_RULES, first_check=10**9))
+    plan = PLANNED.but(**plan_fields)
+    callback = TimeBudgetCallback(plan, clock_of(10**6), with_room(REFIT_RULES, first_check=10**9))
     callback.replan = lambda *args, **kwargs: None  # the tests set the spacing or the length by hand
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
     state = TrainerState(max_steps=12404, global_step=0)
@@ -787,7 +798,7 @@ def spaced_events(callback, args, state, last: int, respace: dict | None = None)
     for step in range(1, last + 1):
         state.global_step = step
         if step in (respace or {}):
-            callback.plan = dataclasses.replace(callback.plan, **respace[step])
+            callback.plan = callback.plan.but(**respace[step])
         control = callback.on_step_end(args, state, TrainerControl())
         if control.should_evaluate:
             events["validation"].append(step)
@@ -834,7 +845,7 @@ def test_a_validation_that_replans_the_end_close_takes_back_its_checkpoint(tmp_p
 
     def replan(state, after, decode=None, always=False):
         change = {"at": state.global_step, "after": after, "seconds_per_update": 0.2, "max_steps": new_end, "was": 3000}
-        return Replan(dataclasses.replace(callback.plan, max_steps=new_end), change)
+        return Replan(callback.plan.but(max_steps=new_end), change)
 
     callback.replan = replan
     callback.meter.seconds, callback.meter.updates = 200.0, 999  # the Trainer's measured speed
@@ -851,10 +862,8 @@ def test_the_first_check_at_the_runs_last_update_replans_nothing(tmp_path):
     from transformers import TrainingArguments
 
     clock = [0.0]
-    plan = dataclasses.replace(PLANNED, max_steps=6, save_steps=6, eval_steps=None, seconds_per_update=1.0)
-    callback = TimeBudgetCallback(
-        plan, clock_of(1000.0, lambda: clock[0]), dataclasses.replace(REFIT_RULES, first_check=3)
-    )
+    plan = PLANNED.but(max_steps=6, save_steps=6, eval_steps=None, seconds_per_update=1.0)
+    callback = TimeBudgetCallback(plan, clock_of(1000.0, lambda: clock[0]), with_room(REFIT_RULES, first_check=3))
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
     state = TrainerState(max_steps=60, global_step=0)
     callback.on_train_begin(args, state, TrainerControl())
@@ -862,7 +871,7 @@ def test_the_first_check_at_the_runs_last_update_replans_nothing(tmp_path):
         clock[0] += 0.1
         state.global_step = step
         callback.on_step_end(args, state, TrainerControl())
-    assert callback.plan.max_steps == state.max_steps == 6 and callback.plan.replans == []
+    assert callback.plan.schedule.max_steps == state.max_steps == 6 and callback.plan.history.replans == []
 
 
 def test_a_recorded_plan_keeps_its_peak_and_fills_an_older_ones_with_the_width_of_its_own_size(tmp_path):
@@ -874,9 +883,9 @@ def test_a_recorded_plan_keeps_its_peak_and_fills_an_older_ones_with_the_width_o
     settings = parse_run(["--output_dir", str(tmp_path)], default_recipe="cpu")
     compact = SimpleNamespace(config=SimpleNamespace(d_model=192))
     recorded = plan_of(preset="compact", max_tokens=1024, warmup_steps=1000, lr_scale=0.7071, peak_learning_rate=1.4e-3)
-    assert complete_recorded_plan(recorded, settings, compact).peak_learning_rate == 1.4e-3  # kept as recorded
-    older = dataclasses.replace(recorded, lr_scale=None, peak_learning_rate=None, gradient_accumulation_steps=None)
+    assert complete_recorded_plan(recorded, settings, compact).schedule.peak_learning_rate == 1.4e-3  # kept as recorded
+    older = recorded.but(lr_scale=None, peak_learning_rate=None, gradient_accumulation_steps=None)
     completed = complete_recorded_plan(older, settings, compact)
     # The recipe's 1.98e-3 for small (d_model 256) at 2,048 tokens, at 1,024 tokens, for compact's width.
-    assert completed.peak_learning_rate == pytest.approx(1.9764e-3 / 2**0.5 * (256 / 192) ** 0.5, rel=1e-4)
-    assert completed.gradient_accumulation_steps == 1
+    assert completed.schedule.peak_learning_rate == pytest.approx(1.9764e-3 / 2**0.5 * (256 / 192) ** 0.5, rel=1e-4)
+    assert completed.choice.gradient_accumulation_steps == 1

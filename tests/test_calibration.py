@@ -18,7 +18,7 @@ from hf_vanilla_transformer.training.budget.calibration import (
     trainer_optimizer,
 )
 from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, BudgetClock
-from hf_vanilla_transformer.training.budget.costs import BudgetRules, updates_that_fit
+from hf_vanilla_transformer.training.budget.costs import BudgetRules, ReplanRoom, updates_that_fit
 from hf_vanilla_transformer.training.budget.deadline import TimeBudgetCallback
 from hf_vanilla_transformer.training.budget.replanning import refit
 from hf_vanilla_transformer.training.budget.schedule import EventRule
@@ -221,7 +221,7 @@ def test_a_replan_counts_the_new_shapes_met_and_charges_only_those_still_to_come
     """On a GPU the first updates meet most of the run's shapes: the Trainer's mean is then above its steady time,
     and charging it to every update still to come would cut the run short."""
     shapes = lambda batches: float(min(batches, 100))  # noqa: E731  (100 shapes, all met in the first 100 batches)
-    rules = BudgetRules(EventRule(save_steps=100), False, first_check=50, accumulation=1, shapes_met=shapes)
+    rules = BudgetRules(EventRule(save_steps=100), False, room=ReplanRoom(first_check=50, shapes_met=shapes))
     plan = plan_of(max_steps=500, warmup_steps=10, save_steps=100, seconds_per_new_shape=0.1)
     clock = BudgetClock(0.0, 10_000.0, now=lambda: 0.0)
     callback = TimeBudgetCallback(plan, clock, rules)
@@ -230,9 +230,9 @@ def test_a_replan_counts_the_new_shapes_met_and_charges_only_those_still_to_come
     assert callback.steady_rate(50) == pytest.approx(0.1)
     # 97 s usable at 0.1 s: the 50 shapes still to come cost 5 s, so 920 updates fit, not 970.
     usable = BudgetClock(0.0, 100.0 + FINISHING_SECONDS, now=lambda: 0.0).seconds_left(planned=True)
-    assert refit(plan, rules, 50, 0.1, usable, 0.0, 0.0).max_steps == 50 + 920
-    no_shapes = BudgetRules(EventRule(save_steps=100), False, first_check=50)
-    assert refit(plan, no_shapes, 50, 0.1, usable, 0.0, 0.0).max_steps == 50 + 970
+    assert refit(plan, rules, 50, 0.1, usable, 0.0, 0.0).schedule.max_steps == 50 + 920
+    no_shapes = BudgetRules(EventRule(save_steps=100), False, room=ReplanRoom(first_check=50))
+    assert refit(plan, no_shapes, 50, 0.1, usable, 0.0, 0.0).schedule.max_steps == 50 + 970
 
 
 def test_the_trainers_own_work_is_the_median_of_paired_differences_on_a_cpu_and_a_windows_on_a_gpu():

@@ -62,7 +62,7 @@ def test_flash_attention_is_offered_exactly_where_it_gives_sdpas_logits_on_padde
     """transformers' unpadding helper has unpadded the query with the key's mask (transformers issue #35032): a padded
     source with a target of another length is then wrong. The calibration offers flash attention only where it
     agrees (`device.flash_attention_agrees`), and there it gives SDPA's logits on this test's padded batch."""
-    from hf_vanilla_transformer.training.budget.device import attention_choices, flash_attention_agrees
+    from hf_vanilla_transformer.utils.device import attention_choices, flash_attention_agrees
 
     cuda = torch.device("cuda")
     agrees = flash_attention_agrees(cuda)
@@ -218,8 +218,8 @@ def test_the_plan_predicts_the_trainers_seconds_per_update_within_ten_percent_on
         *("--precision", "bf16", "--attn_implementation", "sdpa", "--eval_strategy", "no", "--min_updates", "1"),
     )
     end = train(run.training)
-    planned, measured = run.plan.seconds_per_update, end.measured_seconds_per_update
-    assert measured == pytest.approx(planned, rel=0.10), (planned, measured, run.plan.reasons)
+    planned, measured = run.plan.update.seconds_per_update, end.measured_seconds_per_update
+    assert measured == pytest.approx(planned, rel=0.10), (planned, measured, run.plan.record.reasons)
 
 
 def test_the_collapse_guard_stops_a_tiny_model_driven_into_the_collapse_on_the_gpu(tmp_path):

@@ -19,11 +19,18 @@ from torch.overrides import TorchFunctionMode
 from hf_vanilla_transformer import without_host_reads
 from hf_vanilla_transformer.training import settings as settings_module
 from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
-from hf_vanilla_transformer.training.budget import device as device_module
-from hf_vanilla_transformer.training.budget.costs import BudgetRules, decoding_steps, validation_decoding_steps
+from hf_vanilla_transformer.training.budget import BudgetPlan, apply_plan
+from hf_vanilla_transformer.training.budget.costs import (
+    BudgetRules,
+    DecodeSteps,
+    HeldOut,
+    decoding_steps,
+    validation_decoding_steps,
+)
 from hf_vanilla_transformer.training.budget.decode_speed import measure_decode_step
 from hf_vanilla_transformer.training.budget.schedule import EventRule, learning_rate
 from hf_vanilla_transformer.training.recipes import parse_run
+from hf_vanilla_transformer.utils import device as device_module
 
 from conftest import PAD, random_ids, tiny_model
 
@@ -33,7 +40,7 @@ TF32_CHILD = textwrap.dedent(
     """
     import torch
     from transformers.utils.import_utils import enable_tf32
-    from hf_vanilla_transformer.training.budget.device import tf32_in_effect, tf32_matmuls
+    from hf_vanilla_transformer.utils.device import tf32_in_effect, tf32_matmuls
 
     def reads():
         return (
@@ -64,6 +71,10 @@ TF32_CHILD = textwrap.dedent(
     print("ok")
     """
 )
+
+
+def with_held_out(rules: BudgetRules, **held_out) -> BudgetRules:
+    return dataclasses.replace(rules, held_out=dataclasses.replace(rules.held_out, **held_out))
 
 
 def test_tf32_is_set_in_one_state_both_apis_read_from_whatever_came_before_and_a_compiled_step_runs_in_it():
@@ -180,10 +191,7 @@ def test_the_gpu_recipe_copies_batches_to_the_device_without_waiting_for_it(tmp_
     assert settings.args.dataloader_pin_memory and settings.args.accelerator_config.non_blocking
     tokenizer, dataset = reversal_task()
     model = tiny_model(vocab_size=len(tokenizer))
-    args = settings.args.planned(
-        max_steps=1, warmup_steps=1, save_steps=None, eval_steps=None, precision="fp32", compiled=False,
-        accumulation=1, learning_rate=1e-3,
-    )  # fmt: skip
+    args = apply_plan(BudgetPlan.of(max_steps=1, peak_learning_rate=1e-3), settings.args)
     args.dataloader_num_workers, args.dataloader_persistent_workers, args.eval_strategy = 0, False, "no"
     trainer = TransformerTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     assert trainer.accelerator.non_blocking and trainer.get_train_dataloader()._non_blocking
@@ -194,10 +202,12 @@ def test_a_gpus_test_decoding_is_predicted_from_its_steps_latency_not_the_update
     plan counts the steps the decoding takes and a step's measured latency, and takes the longer prediction."""
     assert decoding_steps([10, 10, 20]) == 23  # one batch: its longest source and a tenth, plus the end token
     assert decoding_steps([10, 10, 20], max_sentences=1) == 23 + 12 + 12
-    rules = BudgetRules(EventRule(), validates=True, validation_pairs=200, test_sentences=1152, test_beams=4)
+    rules = BudgetRules(EventRule(), validates=True, held_out=HeldOut(200, test_sentences=1152, test_beams=4))
     throughput = rules.test_decode_seconds(0.03, 4096)
     assert throughput == pytest.approx(1152 * 47 * 0.03 / 4096 * 3.0)  # the CPU's model: about 1.2 s
-    on_gpu = dataclasses.replace(rules, test_steps=2000, step_seconds=0.012, greedy_step_seconds=0.010)
+    on_gpu = dataclasses.replace(
+        rules, steps=DecodeSteps(test_steps=2000, step_seconds=0.012, greedy_step_seconds=0.010)
+    )
     assert on_gpu.test_decode_seconds(0.03, 4096) == pytest.approx(24.0)  # 2,000 steps of 12 ms
     # A validation's greedy decoding predicts the test's beam-4 decoding by the measured ratio of their steps.
     assert on_gpu.beam_cost == pytest.approx(1.2) and rules.beam_cost == pytest.approx(3.0)
@@ -220,29 +230,32 @@ def test_a_gpus_validation_is_predicted_from_its_steps_latency_in_the_trainers_o
     assert validation_decoding_steps(lengths, 2, world_size=2) == max(shares) < steps
 
     rules = BudgetRules(
-        EventRule(evaluations_per_run=4), validates=True, validation_pairs=500, test_sentences=1152, test_beams=4
+        EventRule(evaluations_per_run=4), validates=True, held_out=HeldOut(500, test_sentences=1152, test_beams=4)
     )
     throughput = rules.validation_seconds(0.02, 4096)
-    on_gpu = dataclasses.replace(rules, validation_steps=800, step_seconds=0.012, greedy_step_seconds=0.010)
+    on_gpu = dataclasses.replace(
+        rules, steps=DecodeSteps(validation_steps=800, step_seconds=0.012, greedy_step_seconds=0.010)
+    )
     loss_passes = 1 * 500 / 640 * 0.02
     assert on_gpu.validation_seconds(0.02, 4096) == pytest.approx(800 * 0.010 + loss_passes)  # 8 s, not 0.2
     assert throughput == pytest.approx(500 * 47 * 0.02 / 4096 + loss_passes)
-    beams = dataclasses.replace(on_gpu, validation_beams=4)  # a validation with the test's beams: their step
+    beams = with_held_out(on_gpu, validation_beams=4)  # a validation with the test's beams: their step
     assert beams.validation_seconds(0.02, 4096) == pytest.approx(800 * 0.012 + loss_passes)
     silent = dataclasses.replace(on_gpu, validates=False)
     assert silent.validation_seconds(0.02, 4096) == 0.0
     # Beams the steps were not measured with: between greedy's and the test's step, in proportion to the beams.
-    assert dataclasses.replace(on_gpu, validation_beams=2).validation_step_seconds == pytest.approx(0.010 + 0.002 / 3)
-    greedy_test = dataclasses.replace(on_gpu, test_beams=1, step_seconds=0.010, validation_beams=4)
+    assert with_held_out(on_gpu, validation_beams=2).validation_step_seconds == pytest.approx(0.010 + 0.002 / 3)
+    greedy_test = with_held_out(on_gpu, test_beams=1, validation_beams=4)
+    greedy_test = dataclasses.replace(greedy_test, steps=dataclasses.replace(greedy_test.steps, step_seconds=0.010))
     assert greedy_test.validation_step_seconds == 0.010
 
 
 def test_the_planner_counts_a_gpus_validation_steps_in_the_trainers_batches_over_its_processes(tmp_path):
-    """`Planner.decoding_on_gpu` on a stand-in planner: the validation split's lengths, the Trainer's evaluation
-    batch size and the processes, kept in the rules through a choice's and a plan's copies of them."""
+    """`measuring.decoding_on_gpu` on a stand-in of the prepared data: the validation split's lengths, the Trainer's
+    evaluation batch size and the processes, kept in the rules through a choice's and a plan's copies of them."""
     import types
 
-    from hf_vanilla_transformer.training.budget.planner import Planner
+    from hf_vanilla_transformer.training.budget.measuring import decoding_on_gpu
 
     from conftest import reversal_task
 
@@ -253,15 +266,15 @@ def test_the_planner_counts_a_gpus_validation_steps_in_the_trainers_batches_over
         test={"source": ["w1 w2 w3", "w4 w5", "w6"]},
         evaluation={"input_ids": list(dataset["input_ids"])},
     )
-    rules = BudgetRules(EventRule(evaluations_per_run=4), validates=True, validation_pairs=len(lengths))
-    planner = types.SimpleNamespace(args=types.SimpleNamespace(per_device_eval_batch_size=4), world_size=2, rules=rules)
-    batch = Planner.decoding_on_gpu(planner, data, 3, torch.device("cpu"))
-    assert batch["input_ids"].shape[0] >= 1
-    assert planner.rules.validation_steps == validation_decoding_steps(lengths, 4, 2) > 0
+    rules = BudgetRules(EventRule(evaluations_per_run=4), validates=True, held_out=HeldOut(len(lengths)))
+    rules = decoding_on_gpu(rules, data, 3, torch.device("cpu"), eval_batch=4, world_size=2)
+    assert rules.steps.batch["input_ids"].shape[0] >= 1
+    assert rules.steps.validation_steps == validation_decoding_steps(lengths, 4, 2) > 0
     test_lengths = [len(tokenizer(text)["input_ids"]) for text in data.test["source"]]
-    assert planner.rules.test_steps == decoding_steps(test_lengths) + 3 * decoding_steps(lengths)
-    chosen = dataclasses.replace(planner.rules, step_seconds=0.012, greedy_step_seconds=0.010)  # as choose() does
-    assert chosen.validation_steps == planner.rules.validation_steps
+    assert rules.steps.test_steps == decoding_steps(test_lengths) + 3 * decoding_steps(lengths)
+    measured = dataclasses.replace(rules.steps, step_seconds=0.012, greedy_step_seconds=0.010)
+    chosen = dataclasses.replace(rules, steps=measured)  # as choose() does
+    assert chosen.steps.validation_steps == rules.steps.validation_steps
 
 
 def test_the_trainers_validation_runs_in_the_batches_the_plan_counts(tmp_path):
@@ -273,10 +286,7 @@ def test_the_trainers_validation_runs_in_the_batches_the_plan_counts(tmp_path):
     tokenizer, dataset = reversal_task()
     model = tiny_model(vocab_size=len(tokenizer))
     settings = parse_run(["--output_dir", str(tmp_path)], default_recipe="gpu")
-    args = settings.args.planned(
-        max_steps=1, warmup_steps=1, save_steps=None, eval_steps=None, precision="fp32", compiled=False,
-        accumulation=1, learning_rate=1e-3,
-    )  # fmt: skip
+    args = apply_plan(BudgetPlan.of(max_steps=1, peak_learning_rate=1e-3), settings.args)
     args.dataloader_num_workers, args.dataloader_persistent_workers, args.per_device_eval_batch_size = 0, False, 4
     trainer = TransformerTrainer(
         model=model, args=args, train_dataset=dataset, eval_dataset=dataset, processing_class=tokenizer
@@ -348,3 +358,28 @@ def test_training_validation_and_translation_run_sdpa_without_cudnns_attention_o
     arguments = Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
     trainer_module.TransformerTrainer(model=model, args=arguments).evaluate()
     assert devices == ["cpu"] and seen == [False] and torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_the_replans_count_with_the_decoding_step_the_plan_measured():
+    """The chosen size's decoding step, measured on a GPU, is recorded in the plan and in what its re-plans count
+    with: the test decoding predicted after a validation scales by the measured beam cost, not by the CPU's."""
+    import types
+
+    from hf_vanilla_transformer.training.budget.fitting import PlanInputs, replan_rules
+    from hf_vanilla_transformer.training.budget.plan import BudgetPlan
+
+    settings = types.SimpleNamespace(
+        updates={1024: types.SimpleNamespace(accumulation=1, world_size=1)}, device=torch.device("cuda")
+    )
+    data = types.SimpleNamespace(epoch_batches=lambda size: 100, shapes_met=lambda size, count, multiple: 0.0)
+    rules = BudgetRules(EventRule(evaluations_per_run=4), validates=True, held_out=HeldOut(500, 1152, test_beams=4))
+    plan = BudgetPlan.of(max_steps=1000, save_steps=100, max_tokens=1024, peak_learning_rate=1e-3)
+    measured = plan.but(decode_step_seconds=0.012, greedy_step_seconds=0.010)
+    assert BudgetPlan.from_dict(measured.to_dict()) == measured  # recorded in budget.json and the checkpoints
+    replanned = replan_rules(PlanInputs(settings, data, None, rules), measured)
+    assert (replanned.steps.step_seconds, replanned.steps.greedy_step_seconds) == (0.012, 0.010)
+    assert (
+        replanned.beam_cost == pytest.approx(1.2)
+        and replan_rules(PlanInputs(settings, data, None, rules), plan).beam_cost == 3.0
+    )
+    assert replanned.room.first_check == 50 and replanned.room.max_updates == 10_000

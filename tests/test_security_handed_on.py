@@ -182,16 +182,10 @@ def test_the_trainers_copy_of_the_arguments_holds_no_token(tmp_path):
     from hf_vanilla_transformer.training.recipes import parse_run
 
     settings = parse_run(["--preset", "tiny", "--output_dir", str(tmp_path / "run"), "--hub_token", "plain-4217"])
-    planned = settings.args.planned(
-        max_steps=4,
-        warmup_steps=1,
-        save_steps=2,
-        eval_steps=None,
-        precision="fp32",
-        compiled=False,
-        accumulation=1,
-        learning_rate=1.0,
-    )
+    from hf_vanilla_transformer.training.budget import BudgetPlan, apply_plan
+
+    plan = BudgetPlan.of(max_steps=4, warmup_steps=1, save_steps=2, peak_learning_rate=1.0)
+    planned = apply_plan(plan, settings.args)
     assert planned.hub_token is None and planned.max_steps == 4
     assert settings.args.hub_token == "plain-4217"  # the user's arguments are kept as given (results.json's record)
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
+from hf_vanilla_transformer.training.budget import BudgetPlan, apply_plan
 from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, RESTART_SECONDS, SAFETY, BudgetClock
 from hf_vanilla_transformer.training.budget.schedule import (
     RateRule,
     events_due,
     learning_rate,
     replan_bound,
-    trainer_max_steps,
 )
 from hf_vanilla_transformer.training.recipes import parse_run
 from hf_vanilla_transformer.training.settings import settle, update_choices, update_size
@@ -79,11 +79,12 @@ def test_the_precision_is_chosen_in_one_rule_and_recorded_as_asked(tmp_path):
     with pytest.raises(ValueError, match="precision='fp16' is invalid on cpu"):
         settle(ModelDataArguments(), fp16, device=cpu)
     # What trains: the plan's precision in the Trainer's arguments.
-    planned = fp16.planned(
-        max_steps=10, warmup_steps=1, save_steps=5, eval_steps=None, precision="fp16", compiled=False,
-        accumulation=1, learning_rate=1e-3,
-    )  # fmt: skip
+    planned = apply_plan(a_plan(10, precision="fp16", gradient_accumulation_steps=2), fp16)
     assert (planned.fp16, planned.bf16, planned.tf32) == (True, False, False)
+    assert (planned.max_steps, planned.warmup_steps, planned.save_steps, planned.gradient_accumulation_steps) == (
+        10, 100, 500, 2,
+    )  # fmt: skip
+    assert planned.learning_rate == 1e-3  # the Trainer's rate is the plan's peak (the schedule's shape peaks at 1)
     assert fp16.max_steps == -1 and fp16.fp16  # the given arguments are left as they were
 
 
@@ -117,10 +118,17 @@ def test_checkpoints_and_validations_come_a_spacing_after_the_last_one_and_never
     assert events_due(50, 1000, 50, 50, 100, 50, validates=True) == (False, True)
 
 
-def test_the_trainer_runs_to_the_room_a_budget_may_replan_into():
-    assert trainer_max_steps(3000, None) == 3000  # a given length, or a resumed run: the plan's
-    assert trainer_max_steps(3000, replan_bound(3000, 782, 20)) == 15640  # the epoch cap: 20 epochs of 782 updates
-    assert trainer_max_steps(3000, replan_bound(3000, 782, None)) == 30000  # else ten times the plan
+def a_plan(max_steps: int = 3000, **fields) -> BudgetPlan:
+    fields = {"precision": "fp32", "attn_implementation": None, "peak_learning_rate": 1e-3, **fields}
+    return BudgetPlan.of(max_steps=max_steps, warmup_steps=100, save_steps=500, eval_steps=None, **fields)
+
+
+def test_the_trainer_runs_to_the_room_a_budget_may_replan_into(tmp_path):
+    args = arguments(tmp_path)
+    assert apply_plan(a_plan(), args).max_steps == 3000  # a given length, or a resumed run: the plan's
+    bound = replan_bound(3000, 782, 20)  # the epoch cap: 20 epochs of 782 updates
+    assert apply_plan(a_plan(), args, runs_to=bound).max_steps == 15640
+    assert apply_plan(a_plan(), args, runs_to=replan_bound(3000, 782, None)).max_steps == 30000  # else ten times
     assert replan_bound(3000, 100, 20) == 3000  # never below the plan
 
 

@@ -48,6 +48,7 @@ EXPECTED_UPLOAD = {
     "tying_vanilla_transformer.py",
     "model.safetensors",
     "modeling_vanilla_transformer.py",
+    "layers_vanilla_transformer.py",
     "pipeline_vanilla_transformer.py",
     "plots/attention_cross.png",
     "plots/attention_decoder.png",
@@ -107,6 +108,28 @@ def test_staged_folder_has_the_pipeline_and_a_card_for_the_repository(trained_fo
     assert 'from_pretrained("me/transformer-en-de", trust_remote_code=True)' in card
     assert "![training_curves](plots/training_curves.png)" in card
     assert "custom_pipelines" not in json.loads((folder / "config.json").read_text())  # the folder is untouched
+
+
+def test_a_folder_needs_the_code_files_its_modeling_file_imports(trained_folder, tmp_path):
+    """A folder saved before the layers had a file of their own (its modeling file holds them) publishes without
+    one; a folder whose modeling file imports the layers' file and lacks it is refused, naming it."""
+    import re
+    import shutil
+
+    folder, _ = trained_folder
+    older, broken = tmp_path / "older", tmp_path / "broken"
+    for copy in (older, broken):
+        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("checkpoint-*"))
+        (copy / "layers_vanilla_transformer.py").unlink()
+    modeling = (older / "modeling_vanilla_transformer.py").read_text()
+    (older / "modeling_vanilla_transformer.py").write_text(
+        re.sub(r"from \.layers_vanilla_transformer import \([^)]*\)\n", "", modeling)
+    )
+    staged, refused = stage_for_hub(older, tmp_path / "older-stage", repo_id="me/x")
+    names = {path.relative_to(tmp_path / "older-stage").as_posix() for path in staged}
+    assert names == EXPECTED_UPLOAD - {"layers_vanilla_transformer.py"} and not refused
+    with pytest.raises(PublishError, match="layers_vanilla_transformer.py missing"):
+        stage_for_hub(broken, tmp_path / "broken-stage", repo_id="me/x")
 
 
 def test_upload_builds_one_commit_of_every_staged_file(trained_folder, tmp_path):

@@ -28,7 +28,7 @@ from hf_vanilla_transformer.training.choices import length_penalty_choices
 from hf_vanilla_transformer.training.models import build_model
 from hf_vanilla_transformer.training.run import prepare_run
 from hf_vanilla_transformer.training.settings import settle
-from hf_vanilla_transformer.training.trainer import noam_factor, noam_schedule
+from hf_vanilla_transformer.training.trainer import noam_schedule, noam_shape
 
 from conftest import FIXTURES, logged_losses, run_script, tiny_model, word_tokenizer
 
@@ -40,17 +40,37 @@ OTHER_40 = str(FIXTURES / "libreoffice_help_en_de_test_40.tsv")
 def test_schedule_equals_the_paper_formula_step_by_step():
     d_model, warmup = 512, 40
     parameter = torch.nn.Parameter(torch.zeros(1))
-    optimizer = torch.optim.Adam([parameter], lr=d_model**-0.5)
+    peak = d_model**-0.5 * warmup**-0.5
+    optimizer = torch.optim.Adam([parameter], lr=peak)  # the Trainer's rate: the plan's peak
     scheduler = noam_schedule(optimizer, warmup)
     for step_num in range(1, 4 * warmup):
         expected = d_model**-0.5 * min(step_num**-0.5, step_num * warmup**-1.5)  # §5.3, eq. 3
         assert optimizer.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-12)
         optimizer.step()
         scheduler.step()
-    peak = 512**-0.5 * 4000**-0.5
-    assert noam_factor(4000, 4000) * 512**-0.5 == pytest.approx(peak) and peak == pytest.approx(6.99e-4, rel=1e-3)
+    assert noam_shape(4000, 4000) == 1.0 and pytest.approx(6.99e-4, rel=1e-3) == 512**-0.5 * 4000**-0.5
     with pytest.raises(ValueError, match="warmup_steps=0"):
         noam_schedule(optimizer, 0)
+
+
+def test_a_resumed_schedule_takes_its_step_from_the_checkpoint_and_its_rate_from_the_plan():
+    """A checkpoint of a run whose Trainer rate was eq. 3's factor (d_model^-0.5, before the rate was the peak)
+    resumes at the rate its plan holds, at the checkpoint's step."""
+    d_model, warmup = 512, 40
+    old = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=d_model**-0.5)
+    old_schedule = noam_schedule(old, warmup)
+    for _ in range(10):
+        old.step()
+        old_schedule.step()
+    saved = old_schedule.state_dict()
+    peak = d_model**-0.5 * warmup**-0.5
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    scheduler = noam_schedule(optimizer, warmup)
+    scheduler.load_state_dict(saved)
+    optimizer.step()
+    scheduler.step()  # update 12 next
+    assert scheduler.last_epoch == 11
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(d_model**-0.5 * 12 * warmup**-1.5, rel=1e-12)
 
 
 def test_training_arguments_default_to_the_paper():

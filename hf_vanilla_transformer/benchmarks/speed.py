@@ -49,7 +49,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
-from ..training.budget.device import tf32_matmuls
+from ..utils.device import tf32_matmuls
 from ..utils.kernels import without_cudnn_attention
 from ..utils.machine import cpu_extensions, describe_machine
 from .config import DTYPES, GENERATION_CASES, TRAINING_CASES, BenchmarkConfig

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from ..data.splits import CorpusError, DataFileError
-from ..training.budget.clock import BudgetError
+from ..training.budget import BudgetError
 from ..training.checkpoints import CheckpointError
 from ..training.collapse import SourceCollapseError, collapse_message
 from ..training.recipes import machine_recipe, parse_run

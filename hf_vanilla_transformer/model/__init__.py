@@ -23,6 +23,7 @@ from .modeling_vanilla_transformer import (
 REMOTE_CODE_FILES = (
     "configuration_vanilla_transformer.py",
     "modeling_vanilla_transformer.py",
+    "layers_vanilla_transformer.py",
     "decoding_vanilla_transformer.py",
     "inputs_vanilla_transformer.py",
     "loss_vanilla_transformer.py",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,12 +32,10 @@ COPIED = (
     "training_log.json",
     *REMOTE_CODE_FILES,
 )
-REQUIRED = (
-    "config.json",
-    "model.safetensors",
-    "tokenizer.json",
-    *REMOTE_CODE_FILES,
-)
+REQUIRED = ("config.json", "model.safetensors", "tokenizer.json")
+# The code files a folder needs: these two, and every sibling they import relatively (`code_files_needed`: a folder
+# saved before the layers had a file of their own holds them in its modeling file).
+CODE_ROOTS = ("configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py")
 
 # The code a published repository may name in an `auto_map`: the modules the upload holds, this package's own.
 OWN_CODE = frozenset(
@@ -121,6 +120,7 @@ def stage_for_hub(
 def _stage(folder: ModelFolder, staging_dir: Path, repo_id: str | None) -> tuple[list[Path], list[str]]:
     """`stage_for_hub` on the open folder: what is required checked first, then each file staged or refused."""
     missing = [name for name in REQUIRED if not folder.exists(name)]
+    missing += [name for name in code_files_needed(folder) if not folder.exists(name)]
     if missing:
         raise PublishError(
             f"{folder.path} is not a complete model folder: {', '.join(missing)} missing. Publish the output folder "
@@ -142,7 +142,7 @@ def _stage(folder: ModelFolder, staging_dir: Path, repo_id: str | None) -> tuple
         try:
             staged += _stage_file(folder, name, staging_dir / name)
         except RefusedFile as error:
-            if name in REQUIRED:
+            if name in REQUIRED or name in REMOTE_CODE_FILES:
                 raise
             refused.append(not_uploaded(error))
     staged += _pipeline(config, staging_dir)
@@ -290,16 +290,7 @@ def push_model_folder(
     """
     import tempfile
 
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        if not isinstance(repo_id, str):
-            raise HFValidationError(f"not a string but {type(repo_id).__name__}")
-        validate_repo_id(repo_id)
-    except HFValidationError as error:
-        raise PublishError(
-            f"repo_id={repo_id!r} is invalid: expected 'name' or 'user-or-organisation/name' ({error})"
-        ) from error
+    check_repo_id(repo_id)
     with tempfile.TemporaryDirectory(prefix="hub-staging-") as staging:
         _, refused = stage_for_hub(model_dir, staging, repo_id=repo_id)
         for line in refused:
@@ -334,6 +325,34 @@ def push_model_folder(
                 "check the network (or HF_ENDPOINT) and try again."
             ) from error
         return plan, commit.commit_url
+
+
+def code_files_needed(folder: ModelFolder) -> list[str]:
+    """The code files `folder` needs to load with `trust_remote_code=True`: `CODE_ROOTS` and the siblings they import
+    relatively (`from .name import`), as its own files name them (a root it lacks: needed, and not read)."""
+    needed, waiting = [], list(CODE_ROOTS)
+    while waiting:
+        name = waiting.pop(0)
+        if name in needed:
+            continue
+        needed.append(name)
+        if name in REMOTE_CODE_FILES and folder.exists(name):
+            waiting += [f"{module}.py" for module in re.findall(r"^from \.(\w+) import", folder.text(name), re.M)]
+    return needed
+
+
+def check_repo_id(repo_id) -> None:
+    """A PublishError naming `repo_id` where the Hub would refuse it."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        if not isinstance(repo_id, str):
+            raise HFValidationError(f"not a string but {type(repo_id).__name__}")
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise PublishError(
+            f"repo_id={repo_id!r} is invalid: expected 'name' or 'user-or-organisation/name' ({error})"
+        ) from error
 
 
 def visibility(api, repo_id: str, private: bool) -> str:

@@ -288,38 +288,6 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
                 setattr(kept, name, None)
         return kept
 
-    def planned(
-        self,
-        *,
-        max_steps: int,
-        warmup_steps: int,
-        save_steps: int | None,
-        eval_steps: int | None,
-        precision: str,
-        compiled: bool,
-        accumulation: int,
-        learning_rate: float,
-    ) -> TransformerTrainingArguments:
-        """A copy of these arguments with a plan's values, what the Trainer runs: the length it runs to, the warmup,
-        the checkpoint and validation spacing (None: as given), the precision (`bf16`/`fp16` autocast, `tf32` matrix
-        products, `fp32`), the compilation, the batches per update, and the factor the §5.3 schedule multiplies
-        (`learning_rate`). These are left as given, but for the secrets: no `hub_token` (`without_secrets`)."""
-        planned = self.without_secrets()
-        planned.max_steps, planned.warmup_steps = max_steps, warmup_steps
-        if save_steps:
-            planned.save_steps = save_steps
-        if eval_steps:
-            planned.eval_steps = eval_steps
-        planned.bf16, planned.fp16 = precision == "bf16", precision == "fp16"
-        planned.mixed_precision = precision if precision in ("bf16", "fp16") else "no"
-        planned.tf32 = precision == "tf32"  # (TransformerTrainer.train applies it on CUDA)
-        planned.torch_compile = compiled
-        if compiled and planned.torch_compile_backend is None:
-            planned.torch_compile_backend = "inductor"
-        planned.gradient_accumulation_steps = accumulation
-        planned.learning_rate = learning_rate
-        return planned
-
 
 def check_schedule_arguments(args: TransformerTrainingArguments) -> None:
     """The §5.3 schedule sets the learning rate at every step; refuse the Trainer flags it would silently ignore."""

@@ -19,10 +19,7 @@ from dataclasses import dataclass
 from transformers import ProgressCallback
 
 from ..evaluation.metrics import seq2seq_bleu_metrics
-from .budget.clock import BudgetClock
-from .budget.deadline import TimeBudgetCallback
-from .budget.plan import Budgeted
-from .budget.schedule import base_rate, trainer_max_steps
+from .budget import BudgetClock, Budgeted, TimeBudgetCallback, apply_plan
 from .callbacks import SaveEveryCallback, SetupClockCallback, TrainingProgressCallback
 from .collapse import SourceCheckCallback
 from .run_data import PreparedData
@@ -47,8 +44,9 @@ def build_trainer(settings, budgeted: Budgeted, model, data: PreparedData, clock
     token-budget batches of the plan's size, validation BLEU, the budget's callback (its deadline only where the
     plan re-fits its length) and the source check, and the progress line instead of the plain bar."""
     recipe, plan, rules = settings.recipe, budgeted.plan, budgeted.rules
-    if plan.attn_implementation:
-        model.set_attn_implementation(plan.attn_implementation)
+    # The plan's decisions on a copy of the arguments and on the model (`budget.apply_plan`, their one place): the
+    # Trainer runs to the bound the budget may re-plan to, its callback holds it to the plan's length.
+    planned = apply_plan(plan, settings.args, model, runs_to=rules.room.max_updates if rules is not None else None)
     budget = TimeBudgetCallback(plan, clock if rules is not None else None, rules)
     check = (
         SourceCheckCallback(recipe.source_check)
@@ -57,17 +55,7 @@ def build_trainer(settings, budgeted: Budgeted, model, data: PreparedData, clock
     )
     callbacks = [SaveEveryCallback(recipe.save_minutes)] if recipe.save_minutes else []
     callbacks += [*([check] if check else []), budget, SetupClockCallback(data.clock, settings.output_dir)]
-    planned = settings.args.planned(
-        max_steps=trainer_max_steps(plan.max_steps, rules.max_updates if rules is not None else None),
-        warmup_steps=plan.warmup_steps,
-        save_steps=plan.save_steps,
-        eval_steps=plan.eval_steps,
-        precision=plan.precision,
-        compiled=plan.torch_compile,
-        accumulation=plan.gradient_accumulation_steps,
-        learning_rate=base_rate(plan.lr_scale, model.config.d_model),
-    )
-    sampler = data.batches.of(plan.max_tokens)
+    sampler = data.batches.of(plan.choice.max_tokens)
     trainer = TransformerTrainer(
         model=model,
         args=planned,
@@ -81,14 +69,16 @@ def build_trainer(settings, budgeted: Budgeted, model, data: PreparedData, clock
         source_check=check is not None,
     )
     if trainer.pop_callback(ProgressCallback) is not None:
-        trainer.add_callback(TrainingProgressCallback(plan.seconds_per_update if plan.max_minutes else None))
+        trainer.add_callback(
+            TrainingProgressCallback(plan.update.seconds_per_update if plan.record.max_minutes else None)
+        )
     logger.info(
         "%d training pairs in %d batches of ~%.0f padded tokens; %d accumulation steps; peak lr %.2e",
         len(data.train),
         len(sampler),
         sampler.tokens_per_batch(),
         planned.gradient_accumulation_steps,
-        plan.peak_learning_rate,
+        plan.schedule.peak_learning_rate,
     )
     data.clock.write(settings.output_dir)
     return Training(trainer, budget, check)

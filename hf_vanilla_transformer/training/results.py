@@ -10,8 +10,7 @@ from pathlib import Path
 
 from ..utils.machine import describe_machine
 from ..utils.redact import private_paths, public_command, publishable
-from .budget.deadline import TrainingEnd
-from .budget.schedule import updates_per_epoch
+from .budget import TrainingEnd, updates_per_epoch
 from .checkpoints import checkpoint_step
 
 
@@ -53,7 +52,7 @@ def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunO
         "model": model.config.to_dict(),
         "data": _data(data, settings.corpus_name, len(training.trainer.train_dataset)),
         "recipe": settings.asked(),
-        "training": _training(training.trainer, end.measured_seconds_per_update, end.plan.precision, outcome),
+        "training": _training(training.trainer, end.measured_seconds_per_update, end.plan.choice.precision, outcome),
         "plan": {
             **end.plan.to_dict(),
             # the update time it planned beside the one the Trainer measured (validation and checkpoint pauses apart)

@@ -36,11 +36,7 @@ from ..utils.files import disk_full, folder_bytes, is_disk_full, write_json_atom
 from ..utils.locks import FolderInUseError, folder_lock
 from ..utils.stages import SetupClock
 from .averaging import average_last_checkpoints
-from .budget.clock import BudgetClock
-from .budget.deadline import TrainingEnd
-from .budget.planner import make_plan
-from .budget.record import remove_plan
-from .budget.replanning import Switch
+from .budget import BudgetClock, Switch, TrainingEnd, make_plan, remove_plan
 from .building import Training, build_trainer
 from .checkpoints import checkpoint_folders, checkpoint_step, latest_checkpoint, validate_checkpoint
 from .models import build_model
@@ -48,6 +44,7 @@ from .results import RunOutcome, run_results
 from .run_data import PreparedData, prepare_data
 from .settings import RunSettings
 from .start import keep_the_better, starting_point
+from .trainer import TransformerTrainer
 
 
 logger = logging.getLogger(__name__)
@@ -116,9 +113,7 @@ def _train_and_evaluate(settings: RunSettings, command: str, examples: int, star
     train_started = time.time()
     end = train(training, resume)
     if end.switch is not None:
-        settings = settings.switched_to(
-            end.switch.preset, end.switch.max_tokens, end.switch.precision, end.switch.attention, end.switch.compiled
-        )
+        settings = settings.switched_to(end.switch.preset, end.switch.max_tokens, *end.switch.update)
         training.trainer.accelerator.free_memory()
         training = None  # the first model and Trainer go before the second are built (the data stays)
         gc.collect()
@@ -154,9 +149,12 @@ def prepare_training(
             resume,
             restart,
             build=lambda preset: build_model(recipe, data.tokenizer, preset),
+            trainer_class=TransformerTrainer,
         )
-        if budgeted.plan.preset and budgeted.plan.preset != settings.presets[0]:  # the plan chose another size
-            model = build_model(recipe, data.tokenizer, budgeted.plan.preset, seed=seed)
+        if (
+            budgeted.plan.choice.preset and budgeted.plan.choice.preset != settings.presets[0]
+        ):  # the plan chose another size
+            model = build_model(recipe, data.tokenizer, budgeted.plan.choice.preset, seed=seed)
     training = build_trainer(settings, budgeted, model, data, clock)
     if settings.args.should_save:
         print(f"Plan{', started again' if restart else ''}: {budgeted.plan.summary()}.", flush=True)
@@ -166,7 +164,7 @@ def prepare_training(
 def train(training: Training, resume: str | None = None) -> TrainingEnd:
     """5. Training, from the checkpoint `resume` where given; how it ended, as the budget's callback says."""
     trainer, plan = training.trainer, training.budget.plan
-    if resume is not None and checkpoint_step(resume) >= plan.max_steps:
+    if resume is not None and checkpoint_step(resume) >= plan.schedule.max_steps:
         # Killed after its last update (while averaging or writing the folder): nothing is left to train (the
         # Trainer would take one more update), the state is the checkpoint's.
         trainer.state = TrainerState.load_from_json(str(Path(resume) / "trainer_state.json"))

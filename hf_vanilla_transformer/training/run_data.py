@@ -20,11 +20,11 @@ from ..data.pipeline import learn_tokenizer, length_chunks, tokenize_corpus, tok
 from ..data.splits import CorpusError
 from ..data.tokenizer import wrap_tokenizer
 from ..model.modeling_vanilla_transformer import shift_tokens_right
+from ..utils.device import pad_multiple
 from ..utils.distributed import main_process_value, result_or_error
 from ..utils.machine import release_mapped_pages
 from ..utils.stages import SetupClock
-from .budget.clock import BudgetClock
-from .budget.device import pad_multiple
+from .budget import BudgetClock
 
 
 logger = logging.getLogger(__name__)

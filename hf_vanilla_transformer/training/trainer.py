@@ -24,11 +24,11 @@ from transformers.utils import logging as hf_logging
 
 from ..data.batching import TokenBudgetBatchSampler, evaluation_batches
 from ..model.inputs_vanilla_transformer import without_host_reads
+from ..utils.device import cuda_kernels
 from ..utils.faults import moment
 from ..utils.files import disk_full, folder_bytes, is_disk_full
 from ..utils.kernels import without_cudnn_attention
 from ..utils.machine import release_mapped_pages
-from .budget.device import cuda_kernels
 from .checkpoints import checkpoint_folders, mark_complete
 from .collapse import source_dependence
 
@@ -36,21 +36,35 @@ from .collapse import source_dependence
 logger = logging.getLogger(__name__)
 
 
-def noam_factor(step: int, warmup_steps: int) -> float:
-    """min(step^-0.5, step * warmup^-1.5) for the optimizer's `step`-th update (1-based), §5.3 eq. 3."""
+def noam_shape(step: int, warmup_steps: int) -> float:
+    """The §5.3 schedule's shape for the optimizer's `step`-th update (1-based), 1 at the end of warmup:
+    min((warmup / step)^0.5, step / warmup). Eq. 3 is the peak d_model^-0.5 * warmup^-0.5 times it; the Trainer's
+    `learning_rate` is that peak (the plan's, `budget.apply_plan`), so the schedule applies no factor of its own."""
     step = max(step, 1)
-    return min(step**-0.5, step * warmup_steps**-1.5)
+    return min((warmup_steps / step) ** 0.5, step / warmup_steps)
 
 
-def noam_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> LambdaLR:
-    """LambdaLR whose factor at scheduler step s (0 before the first update) is that of update s + 1."""
+class NoamSchedule(LambdaLR):
+    """The §5.3 schedule: at scheduler step s (0 before the first update) the rate is the optimizer's initial rate
+    (the peak) times the shape of update s + 1. A checkpoint's state gives it its step, never its rate: a run resumed
+    from a checkpoint written when the Trainer's rate was eq. 3's factor d_model^-0.5 rather than the peak keeps
+    the rate its plan holds."""
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        base_lrs = list(self.base_lrs)
+        super().load_state_dict(state_dict)
+        self.base_lrs = base_lrs
+
+
+def noam_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> NoamSchedule:
+    """The §5.3 schedule (`NoamSchedule`) over `optimizer`, whose rate is the peak, reached after `warmup_steps`."""
     if warmup_steps < 1:
         raise ValueError(f"warmup_steps={warmup_steps} is invalid; the §5.3 schedule needs at least 1.")
-    return LambdaLR(optimizer, partial(_noam_lambda, warmup_steps=int(warmup_steps)))
+    return NoamSchedule(optimizer, partial(_noam_lambda, warmup_steps=int(warmup_steps)))
 
 
 def _noam_lambda(step: int, warmup_steps: int) -> float:
-    return noam_factor(step + 1, warmup_steps)
+    return noam_shape(step + 1, warmup_steps)
 
 
 @contextlib.contextmanager

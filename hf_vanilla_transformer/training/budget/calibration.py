@@ -24,6 +24,7 @@ itself is exactly the one `--max_steps N` would give with the same N.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import statistics
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .device import cuda_kernels, forward_context, synchronizer
+from ...utils.device import cuda_kernels, forward_context, synchronizer
 
 
 # A compiled training step is measured only where the run has this many minutes of training or more (or a given
@@ -134,30 +135,7 @@ class Calibration:
         lists = ([fixed[0]], [fixed[1]], [fixed[2]]) if fixed is not None else self.choices_lists()
         if not every_size and len(lists[0]) * len(lists[1]) * len(lists[2]) == 1:
             return Measurement(lists[0][0], lists[1][0], lists[2][0])
-        rank = rank or (lambda timing, size: timing.steady)
-        taken: dict[int, set] = {}  # the shapes this model has met, per batch size: each candidate gets its own
-        timings: dict[str, Timing] = {}
-
-        def measure(size: int, candidates: list[Candidate]) -> dict[str, Timing]:
-            batches = self.batches(size, SAMPLE_BATCHES * len(candidates), taken.setdefault(size, set()))
-            return measure_updates(
-                model, batches, candidates, self.optimizer, self.device, compile_mode=self.compile_mode, shared=False
-            )
-
-        def best(candidates: list[Candidate]) -> Candidate:
-            candidates = [c for c in candidates if runs_in(c[0], c[1])]
-            missing = [c for c in candidates if candidate_key(*c) not in timings]
-            if missing and (len(candidates) > 1 or every_size):
-                timings.update(measure(sizes[0], missing))
-            if len(candidates) == 1:
-                return candidates[0]
-            choice = min(candidates, key=lambda c: rank(timings[candidate_key(*c)], sizes[0]))
-            if timings[candidate_key(*choice)].failure:
-                failures = "; ".join(f"{candidate_key(*c)}: {timings[candidate_key(*c)].failure}" for c in candidates)
-                raise ValueError(f"no training update runs on {self.device}: {failures}.")
-            return choice
-
-        chosen = _staged(*lists, best)
+        chosen, timings = self.choose(model, sizes[0], lists, rank or (lambda timing, size: timing.steady), every_size)
         key = candidate_key(*chosen)
         measurement = Measurement(*chosen, reasons=_choice_reasons(self.choices, self.device, lists, timings, chosen))
         measurement.measured = {f"{name}@{sizes[0]}": t.steady for name, t in timings.items() if not t.failure}
@@ -166,6 +144,40 @@ class Calibration:
         if True in lists[2]:
             torch._dynamo.reset()  # the copies' graphs go: the Trainer's compile starts afresh, within dynamo's limits
         return self.extend(model, measurement, sizes[1:]) if every_size else measurement
+
+    def choose(
+        self, model: torch.nn.Module, size: int, lists, rank: Callable[[Timing, int], float], every_size: bool
+    ) -> tuple[Candidate, dict[str, Timing]]:
+        """(the candidate of `lists` (precisions, attentions, compilations) `rank` puts first at batches of `size`,
+        measured in stages (`_staged`); every timing measured). A lone candidate is timed only `every_size`."""
+        taken: set = set()  # the shapes this model has met: each candidate gets its own
+        timings: dict[str, Timing] = {}
+
+        def best(candidates: list[Candidate]) -> Candidate:
+            candidates = [c for c in candidates if runs_in(c[0], c[1])]
+            missing = [c for c in candidates if candidate_key(*c) not in timings]
+            if missing and (len(candidates) > 1 or every_size):
+                batches = self.batches(size, SAMPLE_BATCHES * len(missing), taken)
+                timings.update(
+                    measure_updates(
+                        model,
+                        batches,
+                        missing,
+                        self.optimizer,
+                        self.device,
+                        compile_mode=self.compile_mode,
+                        shared=False,
+                    )
+                )
+            if len(candidates) == 1:
+                return candidates[0]
+            choice = min(candidates, key=lambda c: rank(timings[candidate_key(*c)], size))
+            if timings[candidate_key(*choice)].failure:
+                failures = "; ".join(f"{candidate_key(*c)}: {timings[candidate_key(*c)].failure}" for c in candidates)
+                raise ValueError(f"no training update runs on {self.device}: {failures}.")
+            return choice
+
+        return _staged(*lists, best), timings
 
     def extend(self, model: torch.nn.Module, measurement: Measurement, sizes: Iterable[int]) -> Measurement:
         """`measurement` with its chosen candidate timed at each of `sizes` it has no time for yet (each size on
@@ -212,47 +224,52 @@ def measure_updates(
 ) -> dict[str, Timing]:
     """The `Timing` of an update (forward, backward, optimizer step) for each (precision, attention, compiled)
     candidate, measured on copies of `model` on `device` (default: the model's), which is left untouched where it
-    is, as is the global random state (see the module docstring). With `shared` every candidate is timed on all of
-    `batches`, else candidate j on `batches[j::len(candidates)]` (shapes of its own). `optimizer(parameters)` builds
-    the optimizer the Trainer will use (`trainer_optimizer`; default: its default, fused AdamW). On a CPU the copies
-    take turns over `rounds` rounds, so that a change in the machine's load falls on all of them alike; on a GPU
-    they run one after another, one copy in memory at a time. `clock` and `synchronize` (default: the device's) are
-    what the timing reads."""
+    is, as is the global random state (module docstring). With `shared` every candidate is timed on all `batches`,
+    else candidate j on `batches[j::len(candidates)]` (shapes of its own). `optimizer(parameters)` builds the
+    Trainer's optimizer (`trainer_optimizer`; default: fused AdamW). On a CPU the copies take turns over `rounds`
+    rounds (a change of the machine's load falls on all alike); on a GPU they run one after another, one copy in
+    memory at a time. The timing reads `clock` and `synchronize` (default: the device's)."""
     batches = list(batches)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     timer = _Timer(clock, synchronize or synchronizer(device), device)
-    first = _unsampled_shape(batches[0])
     samples = {
         candidate_key(*c): batches if shared else batches[j :: len(candidates)] for j, c in enumerate(candidates)
     }
-
-    def prepared(candidate: Candidate) -> _Copy | None:
-        try:
-            copy_ = _Copy(model, candidate, device, optimizer or trainer_optimizer(None), compile_mode)
-            copy_.update(first)
-            return copy_
-        except (RuntimeError, ValueError, ImportError) as error:  # out of memory, a kernel missing, ...
-            timer.fail(candidate_key(*candidate), error)
-            return None
-
-    rng_devices = (
-        [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    prepare = functools.partial(
+        _prepared, model, device, optimizer or trainer_optimizer(None), compile_mode, timer, batches[0]
     )
-    with torch.random.fork_rng(devices=rng_devices):
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
         if device.type == "cpu":
-            copies = [copy_ for copy_ in map(prepared, candidates) if copy_ is not None]
-            for turn in range(rounds):
-                for copy_ in copies:
-                    per_round = math.ceil(len(samples[copy_.key]) / rounds)
-                    timer.time(copy_, samples[copy_.key][turn * per_round : (turn + 1) * per_round])
+            _in_turns([copy_ for copy_ in map(prepare, candidates) if copy_ is not None], samples, rounds, timer)
         else:
             for candidate in candidates:
-                copy_ = prepared(candidate)
+                copy_ = prepare(candidate)
                 if copy_ is not None:
                     timer.time(copy_, samples[copy_.key])
                 del copy_
                 torch.cuda.empty_cache()
     return {key: timer.timing(key) for key in samples}
+
+
+def _in_turns(copies: list[_Copy], samples: dict[str, list[dict]], rounds: int, timer: _Timer) -> None:
+    """The copies timed in turns over `rounds` rounds, each on its share of its own `samples` each round."""
+    for turn in range(rounds):
+        for copy_ in copies:
+            per_round = math.ceil(len(samples[copy_.key]) / rounds)
+            timer.time(copy_, samples[copy_.key][turn * per_round : (turn + 1) * per_round])
+
+
+def _prepared(model, device, make_optimizer, compile_mode, timer: _Timer, batch: dict, candidate: Candidate):
+    """The copy of `model` for `candidate`, warmed up on a shape no sampled batch has (`batch` cut); None, its failure
+    kept by `timer`, where it cannot run (out of memory, a kernel missing, ...)."""
+    try:
+        copy_ = _Copy(model, candidate, device, make_optimizer, compile_mode)
+        copy_.update(_unsampled_shape(batch))
+        return copy_
+    except (RuntimeError, ValueError, ImportError) as error:
+        timer.fail(candidate_key(*candidate), error)
+        return None
 
 
 class _Timer:

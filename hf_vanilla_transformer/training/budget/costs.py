@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ...data.batching import evaluation_batches, inference_batches
@@ -119,33 +119,56 @@ def decoding_steps_ratio(metrics: dict, prefix: str = "eval") -> float | None:
 
 
 @dataclass(frozen=True)
-class BudgetRules:
-    """What a budgeted run counts with beside an update's time: its events (`EventRule`) and whether it validates,
-    the held-out work to predict (the validation pairs, the sentences decoded after training: the test pairs and
-    the validation pairs once per alpha), the updates a choice must reach and the epoch cap; and, once planned, the
-    chosen update's room to re-plan into (`max_updates`), the first check, its batches per update and the distinct
-    batch shapes met among so many batches (`shapes_met`; None: not counted)."""
+class HeldOut:
+    """The held-out work a budgeted run predicts: the validation pairs and the sentences decoded after training (the
+    test pairs, and the validation pairs once per alpha), the beams of each, and whether a validation runs the
+    source check's two more loss passes."""
 
-    events: EventRule
-    validates: bool
     validation_pairs: int = 0
     test_sentences: int = 0
     test_beams: int = 4
     validation_beams: int = 1
     source_check: bool = False
-    min_updates: int | None = None
-    max_epochs: float | None = None
-    max_updates: int | None = None
-    first_check: int = 200
-    accumulation: int = 1
-    shapes_met: Callable[[int], float] | None = None
-    # On a GPU, decoding is bound by the latency of its steps: the steps of the test decoding (and the choice of
-    # alpha) and of a validation's, and a step's seconds with the test's beams and greedy, measured there (0: a
-    # CPU's throughput model).
+
+
+@dataclass(frozen=True)
+class DecodeSteps:
+    """On a GPU, decoding is bound by the latency of its steps: the steps of the test decoding (and the choice of
+    alpha) and of a validation's, and a step's seconds with the test's beams and greedy, measured there (0: a CPU's
+    throughput model), and the batch a step is measured on."""
+
     test_steps: int = 0
     validation_steps: int = 0
     step_seconds: float = 0.0
     greedy_step_seconds: float = 0.0
+    batch: dict | None = field(default=None, compare=False)  # the test's median batch a step is measured on
+
+
+@dataclass(frozen=True)
+class ReplanRoom:
+    """What a planned run re-plans within: the most updates (`max_updates`; None: no bound), the update of its first
+    check, its batches per update, and the distinct batch shapes met among so many batches (`shapes_met`; None: not
+    counted)."""
+
+    max_updates: int | None = None
+    first_check: int = 200
+    accumulation: int = 1
+    shapes_met: Callable[[int], float] | None = None
+
+
+@dataclass(frozen=True)
+class BudgetRules:
+    """What a budgeted run counts with beside an update's time: its events (`EventRule`) and whether it validates,
+    the held-out work to predict (`HeldOut`), a GPU's decoding steps (`DecodeSteps`), the updates a choice must reach
+    and the epoch cap; and, once planned, the room it re-plans within (`ReplanRoom`)."""
+
+    events: EventRule
+    validates: bool
+    held_out: HeldOut = HeldOut()
+    steps: DecodeSteps = DecodeSteps()
+    room: ReplanRoom = ReplanRoom()
+    min_updates: int | None = None
+    max_epochs: float | None = None
 
     @property
     def checkpoints(self) -> int:
@@ -158,16 +181,18 @@ class BudgetRules:
     def test_decode_seconds(self, seconds_per_update: float, tokens_per_update: int) -> float:
         """The test decoding (with the choice of alpha) predicted from an update's time, or from the latency of a
         decoding step where that is measured and longer (a GPU)."""
-        throughput = decode_seconds(self.test_sentences, self.test_beams, seconds_per_update, tokens_per_update)
-        return max(throughput, self.test_steps * self.step_seconds)
+        held_out, steps = self.held_out, self.steps
+        throughput = decode_seconds(held_out.test_sentences, held_out.test_beams, seconds_per_update, tokens_per_update)
+        return max(throughput, steps.test_steps * steps.step_seconds)
 
     @property
     def beam_cost(self) -> float:
         """What a sentence decoded with the test's beams costs against one decoded with the validation's: the ratio
         of their measured steps where measured (a GPU), else of `decode_cost`."""
-        if self.step_seconds and self.greedy_step_seconds and self.validation_beams <= 1:
-            return self.step_seconds / self.greedy_step_seconds
-        return decode_cost(self.test_beams) / decode_cost(self.validation_beams)
+        steps, held_out = self.steps, self.held_out
+        if steps.step_seconds and steps.greedy_step_seconds and held_out.validation_beams <= 1:
+            return steps.step_seconds / steps.greedy_step_seconds
+        return decode_cost(held_out.test_beams) / decode_cost(held_out.validation_beams)
 
     def validation_seconds(self, seconds_per_update: float, tokens_per_update: int) -> float:
         """One validation (its decoding and its loss passes) predicted from an update's time, its decoding from the
@@ -175,26 +200,28 @@ class BudgetRules:
         validation pairs at 0.2 s); 0 where none come."""
         if not self.validations:
             return 0.0
-        pairs = self.validation_pairs
-        decoding = decode_seconds(pairs, self.validation_beams, seconds_per_update, tokens_per_update)
-        decoding = max(decoding, self.validation_steps * self.validation_step_seconds)
-        return decoding + validation_loss_seconds(pairs, seconds_per_update, self.source_check)
+        pairs = self.held_out.validation_pairs
+        decoding = decode_seconds(pairs, self.held_out.validation_beams, seconds_per_update, tokens_per_update)
+        decoding = max(decoding, self.steps.validation_steps * self.validation_step_seconds)
+        return decoding + validation_loss_seconds(pairs, seconds_per_update, self.held_out.source_check)
 
     @property
     def validation_step_seconds(self) -> float:
         """A validation's decoding step, from the measured greedy step and the step with the test's beams: the one
         measured where the validation's beams are those, else between them in proportion to the beams."""
-        greedy, beams = self.greedy_step_seconds, self.validation_beams
-        if beams <= 1 or self.test_beams <= 1:
-            return greedy if beams <= 1 else max(greedy, self.step_seconds)
-        return greedy + (self.step_seconds - greedy) * (beams - 1) / (self.test_beams - 1)
+        greedy, step = self.steps.greedy_step_seconds, self.steps.step_seconds
+        beams, test_beams = self.held_out.validation_beams, self.held_out.test_beams
+        if beams <= 1 or test_beams <= 1:
+            return greedy if beams <= 1 else max(greedy, step)
+        return greedy + (step - greedy) * (beams - 1) / (test_beams - 1)
 
     def first_costs(self, per_shape: float, since: int, until: int) -> float:
         """What the new batch shapes met from update `since` to update `until` add to their steady time, at
         `per_shape` seconds each."""
-        if not per_shape or self.shapes_met is None or until <= since:
+        room = self.room
+        if not per_shape or room.shapes_met is None or until <= since:
             return 0.0
-        return per_shape * (self.shapes_met(until * self.accumulation) - self.shapes_met(since * self.accumulation))
+        return per_shape * (room.shapes_met(until * room.accumulation) - room.shapes_met(since * room.accumulation))
 
     def predicted_decode_seconds(
         self,
@@ -208,34 +235,44 @@ class BudgetRules:
         decoding of `validation_pairs` pairs with `validation_beams` beams, scaled to `test_sentences` decoded with
         `test_beams` beams by their relative cost per sentence (`beam_cost`). The decoding is the Trainer's
         prediction steps less their loss (`prediction_seconds`, where measured; a loss pass costs about one of the
-        source check's two), else the whole pass less its loss passes. A validation sentence and a test sentence
-        cost what `beam_cost` says. `steps_ratio` (`decoding_steps_ratio`) scales the validation's decoding to that
-        of translations about as long as their references, as the trained model's test decoding will be: an early
-        validation's model decodes every batch to its length limit (on the H100 a 3.5-minute run re-planned from
-        1,715 to 524 updates after its first validation, and ended with a third of its budget unused)."""
+        source check's two), else the whole pass less its loss passes. `steps_ratio` (`decoding_steps_ratio`) scales
+        the validation's decoding to that of translations about as long as their references, as the trained model's
+        test decoding will be: an early validation's model decodes every batch to its length limit (on the H100 a
+        3.5-minute run re-planned from 1,715 to 524 updates after its first validation, and ended with a third of
+        its budget unused)."""
+        held_out = self.held_out
         if prediction_seconds is not None and source_check_seconds is not None:
             decoding = prediction_seconds - 0.5 * source_check_seconds
         elif source_check_seconds is not None:
             decoding = validation_seconds - 1.5 * source_check_seconds
         else:
             decoding = validation_seconds - validation_loss_seconds(
-                self.validation_pairs, seconds_per_update, self.source_check
+                held_out.validation_pairs, seconds_per_update, held_out.source_check
             )
-        per_sentence = max(0.0, decoding) / max(1, self.validation_pairs) * (steps_ratio or 1.0)
-        return self.test_sentences * per_sentence * self.beam_cost
+        per_sentence = max(0.0, decoding) / max(1, held_out.validation_pairs) * (steps_ratio or 1.0)
+        return held_out.test_sentences * per_sentence * self.beam_cost
 
 
-@dataclass
+@dataclass(frozen=True)
+class FitSeconds:
+    """The seconds a fit plans and predicts: its training (updates, new shapes, checkpoints, validations), the test
+    decoding, one checkpoint and one validation."""
+
+    training: float
+    decode: float
+    checkpoint: float = 0.0
+    validation: float = 0.0
+
+
+@dataclass(frozen=True)
 class BudgetFit:
-    """How a measured update time fits the budget: the batch size, the updates, the seconds planned and predicted,
-    the reason in words, and whether the updates reach the recipe's `min_updates` (`enough`)."""
+    """How a measured update time fits the budget: the batch size, the updates, an update's timing, the seconds
+    planned and predicted, the reason in words, and whether the updates reach the recipe's `min_updates`
+    (`enough`)."""
 
     max_tokens: int
     max_steps: int
     timing: Timing  # of one update (accumulation and the Trainer's own work included)
-    training_seconds: float
-    decode_seconds: float
+    seconds: FitSeconds
     reason: str
     enough: bool
-    checkpoint_seconds: float = 0.0
-    validation_seconds: float = 0.0

@@ -41,11 +41,11 @@ class Replan:
 
     def describe(self) -> str:
         change, new = self.change or {}, self.plan
-        validation = f", validation every {new.eval_steps:,}" if new.eval_steps else ""
+        validation = f", validation every {new.schedule.eval_steps:,}" if new.schedule.eval_steps else ""
         return (
             f"re-planned after {change.get('after')}: {change.get('seconds_per_update', float('nan')):.3f} s per update "
-            f"measured ({new.seconds_per_update or float('nan'):.3f} s planned): {change.get('was', 0):,} -> "
-            f"{new.max_steps:,} updates, a checkpoint every {new.save_steps:,}{validation}"
+            f"measured ({new.update.seconds_per_update or float('nan'):.3f} s planned): {change.get('was', 0):,} -> "
+            f"{new.schedule.max_steps:,} updates, a checkpoint every {new.schedule.save_steps:,}{validation}"
         )
 
 
@@ -71,7 +71,7 @@ class TrainingEnd:
 
 class TimeBudgetCallback(TrainerCallback, ExportableState):
     """The budgeted run's length (see the module docstring): carries the plan into every checkpoint's trainer
-    state, re-plans the length from the run's own updates (`replanning.py`: after `rules.first_check` updates and
+    state, re-plans the length from the run's own updates (`replanning.py`: after `rules.room.first_check` updates and
     after every validation), spaces its checkpoints and validations from the last one (`schedule.events_due`), and
     stops the run at its deadline should the machine turn slower than it measured: the run then ends early, saved,
     rather than late. A callback without a `clock` (a given length, or a resumed run rebuilt from its checkpoint
@@ -82,12 +82,27 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         self.clock = clock if clock is not None and clock.seconds is not None else None
         self.rules = rules if self.clock is not None else None
         self.meter = UpdateMeter(clock=self.clock.now) if self.clock is not None else UpdateMeter()
-        self.stopped_early_at: int | None = None
-        self.switch: Switch | None = None
+        self.ending: Stop | Switch | None = None  # the decision that ended training early, if one did
         self.checked = False  # the first check done
-        self.last_save = self.last_evaluation = 0  # the updates of the last checkpoint and validation
-        self.device = None  # the Trainer's (its processes decide together on it)
-        self.record_to: str | None = None  # the folder of budget.json (the main process's)
+        self.last = {"checkpoint": 0, "validation": 0}  # the updates of the last of each
+        self.args = None  # the Trainer's (its device, where its processes decide together; its folder)
+
+    @property
+    def stopped_early_at(self) -> int | None:
+        return self.ending.at if isinstance(self.ending, Stop) else None
+
+    @property
+    def switch(self) -> Switch | None:
+        return self.ending if isinstance(self.ending, Switch) else None
+
+    @property
+    def device(self):
+        return self.args.device if self.args is not None else None
+
+    @property
+    def record_to(self) -> str | None:
+        """The folder of budget.json: the main process's output folder, else None."""
+        return self.args.output_dir if self.args is not None and self.args.should_save else None
 
     def state(self) -> dict:
         """What a checkpoint carries of the callback (`ExportableState`): the plan that rebuilds it
@@ -96,14 +111,15 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
 
     def end(self) -> TrainingEnd:
         rules = self.rules
-        capped = rules is not None and rules.max_epochs is not None and self.plan.max_steps >= rules.max_updates
+        bound = rules is not None and rules.max_epochs is not None
+        capped = bound and self.plan.schedule.max_steps >= rules.room.max_updates
         return TrainingEnd(self.plan, self.meter.seconds_per_update, self.stopped_early_at, self.switch, capped)
 
     # --- the Trainer's events ------------------------------------------------------------------------------------------
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.device, self.record_to = args.device, args.output_dir if args.should_save else None
-        # The Trainer runs to an upper bound (schedule.trainer_max_steps); the plan's length is the one that counts.
+        self.args = args
+        # The Trainer runs to an upper bound (`applying.apply_plan`); the plan's length is the one that counts.
         self._apply(state)
         self.meter.start(state.global_step)
         return control
@@ -112,9 +128,9 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         moment("update")
         self.meter.step(state.global_step)
         if self.rules is not None:
-            since = (state.global_step - self.last_save, state.global_step - self.last_evaluation)
-            plan, validates = self.plan, self.rules.validates
-            due = events_due(state.global_step, state.max_steps, *since, plan.save_steps, plan.eval_steps, validates)
+            since = (state.global_step - self.last["checkpoint"], state.global_step - self.last["validation"])
+            spacing, validates = (self.plan.schedule.save_steps, self.plan.schedule.eval_steps), self.rules.validates
+            due = events_due(state.global_step, state.max_steps, *since, *spacing, validates)
             control.should_save, control.should_evaluate = (
                 control.should_save or due[0],
                 control.should_evaluate or due[1],
@@ -125,18 +141,18 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         seconds = self.meter.pause("validation")
-        self.last_evaluation = state.global_step
+        self.last["validation"] = state.global_step
         finished = control.should_training_stop or state.global_step >= state.max_steps  # the run's last validation
         if self.rules is None or self.meter.seconds_per_update is None or finished:
             return control
         self._act(self.after_validation(state, seconds, metrics or {}), state, control)
-        if near_the_end(state.global_step, state.max_steps, self.plan.save_steps):  # the last update saves
+        if near_the_end(state.global_step, state.max_steps, self.plan.schedule.save_steps):  # the last update saves
             control.should_save = False
         return control
 
     def on_save(self, args, state, control, **kwargs):
         self.meter.pause("checkpoint")
-        self.last_save = state.global_step
+        self.last["checkpoint"] = state.global_step
         return control
 
     # --- the decisions -------------------------------------------------------------------------------------------------
@@ -146,7 +162,8 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         deadline passed (the main process decides: every process stops at the same update)."""
         decisions = []
         rules = self.rules
-        if rules is not None and not self.checked and state.global_step >= rules.first_check and self.meter.updates:
+        checking = rules is not None and not self.checked and state.global_step >= rules.room.first_check
+        if checking and self.meter.updates:
             self.checked = True  # (a short run checks once it has measured an update)
             switch = self.better_choice(state)
             if switch is not None:
@@ -154,7 +171,7 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
             if state.global_step < state.max_steps:  # (at the last update the length is what was trained)
                 decisions.append(self.replan(state, "its first updates", always=True))
         if self.clock is not None and state.global_step < state.max_steps:
-            late = self.clock.seconds_left(self.plan.predicted_decode_seconds or 0.0) <= 0
+            late = self.clock.seconds_left(self.plan.costs.predicted_decode_seconds or 0.0) <= 0
             if main_process_decides(late, self.device):
                 decisions.append(Stop(state.global_step))
         return [decision for decision in decisions if decision is not None]
@@ -166,31 +183,29 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         steps = decoding_steps_ratio(metrics)
         decode = self.rules.predicted_decode_seconds(seconds, self.meter.seconds_per_update, check, prediction, steps)
         after = f"the validation at update {state.global_step:,}"
-        return self.replan(state, after, decode) or Replan(
-            dataclasses.replace(self.plan, predicted_decode_seconds=decode)
-        )
+        return self.replan(state, after, decode) or Replan(self.plan.but(predicted_decode_seconds=decode))
 
     def better_choice(self, state) -> Switch | None:
         """A better choice of model and batch size where the first updates prove the planned one wrong enough
         (`replanning.better_candidate`); every process takes the main process's answer. A run that started again
         keeps its choice (its length is re-planned as any run's)."""
-        rate, planned = self.steady_rate(state.global_step), self.plan.seconds_per_update
-        if rate is None or not planned or self.plan.switched_from:  # a run starts again once at most
+        rate, planned = self.steady_rate(state.global_step), self.plan.update.seconds_per_update
+        if rate is None or not planned or self.plan.history.switched_from:  # a run starts again once at most
             return None
-        usable = self.clock.seconds_left(self.plan.predicted_decode_seconds or 0.0, restart=True, planned=True)
-        checkpoint, validation = self.plan.checkpoint_seconds or 0.0, self.plan.validation_seconds or 0.0
-        current = (self.plan.preset, self.plan.max_tokens)
+        usable = self.clock.seconds_left(self.plan.costs.predicted_decode_seconds or 0.0, restart=True, planned=True)
+        checkpoint, validation = self.plan.costs.checkpoint_seconds or 0.0, self.plan.costs.validation_seconds or 0.0
+        current = (self.plan.choice.preset, self.plan.choice.max_tokens)
         choice = better_candidate(
-            self.plan.candidates, current, self.rules, rate / planned, usable, checkpoint, validation
+            self.plan.record.candidates, current, self.rules, rate / planned, usable, checkpoint, validation
         )
         choice = main_process_value(choice)
         if choice is None:
             return None
-        left = {"preset": self.plan.preset, "max_tokens": self.plan.max_tokens, "at": state.global_step}
+        left = {"preset": self.plan.choice.preset, "max_tokens": self.plan.choice.max_tokens, "at": state.global_step}
         left |= {"planned_seconds_per_update": planned, "measured_seconds_per_update": self.meter.seconds_per_update}
         left["steady_seconds_per_update"] = rate
-        kept = {"precision": self.plan.precision, "attention": self.plan.attn_implementation}
-        return dataclasses.replace(choice, compiled=self.plan.torch_compile, switched_from=left, **kept)
+        kept = (self.plan.choice.precision, self.plan.choice.attn_implementation, self.plan.choice.torch_compile)
+        return dataclasses.replace(choice, update=kept, switched_from=left)
 
     def steady_rate(self, step: int) -> float | None:
         """The Trainer's seconds per update of shapes met before: the meter's, less what the new batch shapes met
@@ -199,7 +214,7 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         rate = self.meter.seconds_per_update
         if rate is None or self.rules is None:
             return rate
-        paid = self.rules.first_costs(self.plan.seconds_per_new_shape, self.meter.counted_from, step)
+        paid = self.rules.first_costs(self.plan.update.seconds_per_new_shape, self.meter.counted_from, step)
         return max(0.5 * rate, (self.meter.seconds - paid) / self.meter.updates)
 
     def replan(self, state, after: str, decode: float | None = None, always: bool = False) -> Replan | None:
@@ -211,16 +226,16 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
             return None
         step, meter, plan = state.global_step, self.meter, self.plan
         if decode is not None:
-            plan = dataclasses.replace(plan, predicted_decode_seconds=decode)
-        checkpoint = meter.typical_pause("checkpoint", plan.checkpoint_seconds or 0.0)
-        validation = meter.latest_pause("validation", plan.validation_seconds or 0.0)
-        usable = self.clock.seconds_left(plan.predicted_decode_seconds or 0.0, planned=True)
+            plan = plan.but(predicted_decode_seconds=decode)
+        checkpoint = meter.typical_pause("checkpoint", plan.costs.checkpoint_seconds or 0.0)
+        validation = meter.latest_pause("validation", plan.costs.validation_seconds or 0.0)
+        usable = self.clock.seconds_left(plan.costs.predicted_decode_seconds or 0.0, planned=True)
         new = main_process_value(refit(plan, self.rules, step, rate, usable, checkpoint, validation))
-        if not always and abs(new.max_steps - plan.max_steps) < CHANGE_AT_LEAST * plan.max_steps:
+        was, now = plan.schedule.max_steps, new.schedule.max_steps
+        if not always and abs(now - was) < CHANGE_AT_LEAST * was:
             return None
-        change = {"at": step, "after": after, "seconds_per_update": rate, "max_steps": new.max_steps}
-        change["was"] = plan.max_steps
-        return Replan(dataclasses.replace(new, replans=[*plan.replans, change]), change)
+        change = {"at": step, "after": after, "seconds_per_update": rate, "max_steps": now, "was": was}
+        return Replan(new.but(replans=[*plan.history.replans, change]), change)
 
     # --- acting on them ------------------------------------------------------------------------------------------------
 
@@ -228,12 +243,12 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         """Follow `decision`: a switch stops training unsaved (the run starts again), a stop ends it saved, a new plan
         sets the Trainer's length (the main process's `budget.json` records a new length)."""
         if isinstance(decision, Switch):
-            self.switch = decision
+            self.ending = decision
             logger.warning("%s", decision.describe())
             control.should_training_stop = True
             control.should_save = control.should_evaluate = False
         elif isinstance(decision, Stop):
-            self.stopped_early_at = decision.at
+            self.ending = decision
             logger.warning(
                 "the time budget's deadline passed at update %d of %d (the machine is slower than it measured): "
                 "stopping here and saving",
@@ -252,10 +267,10 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
     def _apply(self, state) -> None:
         """The plan's length, and its spacing where the callback does not space the events itself, on the Trainer's
         state."""
-        state.max_steps = self.plan.max_steps
+        state.max_steps = self.plan.schedule.max_steps
         if self.rules is not None:  # spaced by `events_due`: the Trainer's multiples never come
             state.save_steps, state.eval_steps = 0, NEVER
             return
-        state.save_steps = self.plan.save_steps
-        if self.plan.eval_steps:
-            state.eval_steps = self.plan.eval_steps
+        state.save_steps = self.plan.schedule.save_steps
+        if self.plan.schedule.eval_steps:
+            state.eval_steps = self.plan.schedule.eval_steps

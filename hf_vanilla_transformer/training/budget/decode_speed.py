@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from ...data.batching import inference_batches
-from .device import AUTOCAST, cuda_kernels, synchronizer
+from ...utils.device import AUTOCAST, cuda_kernels, synchronizer
 
 
 @torch.no_grad()

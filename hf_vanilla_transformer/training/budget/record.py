@@ -5,7 +5,6 @@ its trainer state (the budget callback's exported state), read back when a run r
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 from ...utils.files import write_json_atomically
@@ -47,15 +46,14 @@ def complete_recorded_plan(plan: BudgetPlan, settings, model) -> BudgetPlan:
     """A plan recorded before it held the batch size, accumulation, lr_scale and peak, with them computed as the
     run then did for `model` (of the plan's size); what it holds is kept (a new plan: the one given is left as it
     is)."""
-    update = settings.update_size(plan.max_tokens or settings.token_sizes[0])
-    accumulation = plan.gradient_accumulation_steps or update.accumulation
+    update = settings.update_size(plan.choice.max_tokens or settings.token_sizes[0])
+    accumulation = plan.choice.gradient_accumulation_steps or update.accumulation
     d_model, tokens = model.config.d_model, update.max_tokens * accumulation * update.world_size
-    lr_scale = plan.lr_scale
+    lr_scale = plan.schedule.lr_scale
     if lr_scale is None:
-        lr_scale = learning_rate(settings.rate, d_model, plan.warmup_steps, tokens).lr_scale
-    peak = plan.peak_learning_rate or peak_rate(lr_scale, d_model, plan.warmup_steps)
-    return replace(
-        plan,
+        lr_scale = learning_rate(settings.rate, d_model, plan.schedule.warmup_steps, tokens).lr_scale
+    peak = plan.schedule.peak_learning_rate or peak_rate(lr_scale, d_model, plan.schedule.warmup_steps)
+    return plan.but(
         max_tokens=update.max_tokens,
         gradient_accumulation_steps=accumulation,
         lr_scale=lr_scale,

@@ -22,12 +22,11 @@ change. A run given `--max_steps N` is never re-planned; a resumed run keeps the
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
 
-from .calibration import Measurement, Timing
+from .calibration import Candidate, Measurement, Timing
 from .costs import BudgetRules
 from .plan import BudgetPlan
 from .schedule import event_spacing
@@ -50,36 +49,34 @@ def refit(
 ) -> BudgetPlan:
     """The plan with the length that fits `usable_seconds` of training after update `step` at `seconds_per_update`
     (a steady update's), once the checkpoints, the validations and the new batch shapes still to come are paid
-    for, capped at `rules.max_updates`; its spacing follows, its warmup is kept."""
+    for, capped at `rules.room.max_updates`; its spacing follows, its warmup is kept."""
     if seconds_per_update <= 0:
         raise ValueError(f"seconds_per_update={seconds_per_update} is invalid; expected a positive measured time.")
     length = step + math.floor(usable_seconds / seconds_per_update)
     for _ in range(REFIT_ROUNDS):
         still = 1 - step / max(length, step + 1)  # the fraction of the run, and of its events, still to come
         fixed = still * (rules.checkpoints * checkpoint_seconds + rules.validations * validation_seconds)
-        fixed += rules.first_costs(plan.seconds_per_new_shape, step, length)
+        fixed += rules.first_costs(plan.update.seconds_per_new_shape, step, length)
         length = step + max(1, math.floor((usable_seconds - fixed) / seconds_per_update))
-    if rules.max_updates is not None:
-        length = min(length, max(rules.max_updates, step + 1))
+    if rules.room.max_updates is not None:
+        length = min(length, max(rules.room.max_updates, step + 1))
     save, evaluate = event_spacing(length, rules.events)
-    return dataclasses.replace(plan, max_steps=length, save_steps=save, eval_steps=evaluate)
+    return plan.but(max_steps=length, save_steps=save, eval_steps=evaluate)
 
 
 @dataclass(frozen=True)
 class Switch:
     """The choice a run starts again with: its model size and batch size (`preset` None: the recipe's), batches per
     update, the Trainer's seconds per update there (the calibrated ones times what the first updates measured) and
-    the updates they reach; the first run's precision, attention and compilation (kept), and what it left
-    (`switched_from`: recorded in the new plan)."""
+    the updates they reach; the first run's (precision, attention, compiled) update (`update`, kept), and what it
+    left (`switched_from`: recorded in the new plan)."""
 
     preset: str | None
     max_tokens: int
     accumulation: int
     seconds_per_update: float
     max_steps: int
-    precision: str = "fp32"
-    attention: str | None = None
-    compiled: bool = False
+    update: Candidate = ("fp32", None, False)
     switched_from: dict = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -92,12 +89,11 @@ class Switch:
 
     def known(self) -> Measurement:
         """The new run's measurement: its update time, known from the first run's Trainer."""
+        precision, attention, _ = self.update
         return Measurement(
-            self.precision,
-            self.attention,
-            self.compiled,
+            *self.update,
             per_size={self.max_tokens: Timing(self.seconds_per_update / self.accumulation)},
-            reasons=[f"{self.precision}, {self.attention} attention, as calibrated"],
+            reasons=[f"{precision}, {attention} attention, as calibrated"],
         )
 
 

@@ -1,7 +1,7 @@
 """The §5.3 schedule of a run of a given length, in numbers, one function per decision: the warmup (`warmup_for`),
 the learning rate and the batch it was named for (`learning_rate`), the spacing of checkpoints and validations
-(`event_spacing`) and when each comes (`events_due`), the updates in an epoch (`updates_per_epoch`) and the length
-handed to the Trainer (`trainer_max_steps`)."""
+(`event_spacing`) and when each comes (`events_due`), the updates in an epoch (`updates_per_epoch`) and the most a
+budgeted run may be re-planned to (`replan_bound`), which the Trainer runs to (`applying.apply_plan`)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class LearningRate:
 
 
 def base_rate(lr_scale: float, d_model: int) -> float:
-    """The factor the §5.3 schedule multiplies (the Trainer's `learning_rate`): lr_scale * d_model^-0.5."""
+    """Eq. 3's factor, lr_scale * d_model^-0.5 (the Trainer's rate is the peak it gives: `applying.rate`)."""
     return lr_scale * d_model**-0.5
 
 
@@ -149,10 +149,3 @@ def replan_bound(max_steps: int, epoch_updates: int, max_epochs: float | None) -
     """The most updates a budgeted run may be re-planned to: its epoch cap, else ten times its plan."""
     bound = math.floor(max_epochs * epoch_updates) if max_epochs is not None else 10 * max_steps
     return max(bound, max_steps)
-
-
-def trainer_max_steps(max_steps: int, bound: int | None) -> int:
-    """The length handed to the Trainer: the plan's, or where the budget may re-plan it, the `bound` it may be
-    re-planned to (the Trainer's loop and its data run to it; the budget callback holds the Trainer to the plan's
-    length)."""
-    return max_steps if bound is None else max(max_steps, bound)

@@ -5,7 +5,7 @@ more each update: it fetches and collates the batch, counts its tokens, steps th
 and logs. Rather than a constant factor, the plan measures it on this machine: the real `TransformerTrainer`, built
 as the run's own (same arguments, precision, accumulation, data loading), trains a copy of the model on a few of the
 run's real batches, and its seconds per update over the calibration's for the same choice is the ratio the plan
-corrects every calibrated choice's time by (`Planner.trainer_ratio`); its seconds less the calibration's on the same
+corrects every calibrated choice's time by (`trainer_ratio`); its seconds less the calibration's on the same
 batches, the Trainer's own work (`TrainerTrial.overhead`), are said beside it:
 
 * on a CPU, in pairs, over one pass of batches of shapes met for the first time: after each of the Trainer's updates,
@@ -38,9 +38,10 @@ import numpy as np
 import torch
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
-from ..trainer import TransformerTrainer
+from ...utils.device import synchronizer
+from .applying import apply_plan
 from .calibration import Candidate, _Copy, measure_updates
-from .device import synchronizer
+from .plan import BudgetPlan
 
 
 TRIAL_BATCHES = 24  # distinct batch shapes (times the accumulation), standing for the run's (shape_sample)
@@ -139,64 +140,66 @@ class _Pairs(TrainerCallback):
 
 
 def trainer_trial(
-    model: torch.nn.Module, candidate: Candidate, batches: list[list[int]], data, args, accumulation: int, optimizer
+    model: torch.nn.Module,
+    candidate: Candidate,
+    batches: list[list[int]],
+    data,
+    args,
+    accumulation: int,
+    optimizer,
+    trainer_class: type,
 ) -> TrainerTrial:
     """The trial of the module docstring for `candidate` (precision, attention, compiled) on `batches` (index lists
     of the training split of `data`, a `PreparedData`; `accumulation` of them per update), with the run's Trainer
-    arguments `args` and the calibration's `optimizer` factory. A ValueError or RuntimeError of the trial (out of
-    memory) is the caller's to handle."""
+    (`trainer_class`, given by the run: the budget imports nothing of the run's), its arguments `args` and the
+    calibration's `optimizer` factory. A ValueError or RuntimeError of the trial (out of memory) is the caller's to
+    handle."""
     device, (precision, attention, compiled) = torch.device(args.device), candidate
     updates, mode = len(batches) // accumulation, getattr(args, "torch_compile_mode", None)
     if updates <= CPU_WARM:
         raise RuntimeError(f"{len(batches)} batches of distinct shapes make too few updates of {accumulation}")
     collator = data.collator(model.config, device)
     collated = [{k: v.to(device) for k, v in batch.items()} for batch in data.collate(batches, collator)]
-    if device.type == "cuda":
-        timing = next(
-            iter(measure_updates(model, collated, [candidate], optimizer, device, compile_mode=mode).values())
-        )
-        if timing.failure:
-            raise RuntimeError(timing.failure)
-        rounds = 2
-        watch = _Window(updates, updates * rounds, synchronizer(device), timing.steady * accumulation)
-    else:
-        rounds = 1
-        watch = _Pairs(_Copy(model, candidate, device, optimizer, mode), collated, accumulation, warm=CPU_WARM)
+    watch, rounds = _watch(model, candidate, collated, accumulation, optimizer, mode)
     trial = copy.deepcopy(model).train()
-    if attention:
-        trial.set_attn_implementation(attention)
-    trial_args = args.planned(
-        max_steps=updates * rounds,
-        warmup_steps=updates * rounds,
-        save_steps=None,
-        eval_steps=None,
-        precision=precision,
-        compiled=compiled,
-        accumulation=accumulation,
-        learning_rate=1e-6,
-    )
+    # The trial's plan: the candidate, its length all warmup at a rate too small to move the copy, no events.
+    length, update = updates * rounds, {"precision": precision, "attn_implementation": attention}
+    plan = BudgetPlan.of(max_steps=length, warmup_steps=length, gradient_accumulation_steps=accumulation, **update)
+    trial_args = apply_plan(plan.but(torch_compile=compiled, peak_learning_rate=1e-6), args, trial)
     with _random_state_kept(), tempfile.TemporaryDirectory() as folder:
         trial_args.output_dir, trial_args.report_to = folder, []
         trial_args.save_strategy = trial_args.eval_strategy = "no"
-        trainer = TransformerTrainer(
-            model=trial,
-            args=trial_args,
-            train_dataset=data.train,
-            data_collator=collator,
-            batch_sampler=_FixedBatches(batches, rounds),
-            callbacks=[watch],
-        )
-        trainer.pop_callback(PrinterCallback)
-        trainer.pop_callback(ProgressCallback)
-        try:
-            trainer.train()
-        finally:
-            trainer.accelerator.free_memory()
-            del trainer, trial
-            gc.collect()
-            if compiled:
-                torch._dynamo.reset()  # the trial's graphs go: the Trainer's compile starts afresh
+        loop = {"train_dataset": data.train, "data_collator": collator, "batch_sampler": _FixedBatches(batches, rounds)}
+        trainer = trainer_class(model=trial, args=trial_args, callbacks=[watch], **loop)
+        _train(trainer, compiled)
+        del trainer, trial
+        gc.collect()
     return watch.trial()
+
+
+def _train(trainer, compiled: bool) -> None:
+    """The trial's training, its Trainer freed after (and a compiled step's graphs)."""
+    trainer.pop_callback(PrinterCallback)
+    trainer.pop_callback(ProgressCallback)
+    try:
+        trainer.train()
+    finally:
+        trainer.accelerator.free_memory()
+        trainer.model = trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = None
+        if compiled:
+            torch._dynamo.reset()  # the trial's graphs go: the Trainer's compile starts afresh
+
+
+def _watch(model, candidate: Candidate, collated: list[dict], accumulation: int, optimizer, mode) -> tuple:
+    """(what times the trial's Trainer, the passes it makes over its batches): on a GPU the window of its second
+    pass against the calibration's update measured here; on a CPU the calibration's update beside each of its own."""
+    device, updates = collated[0]["input_ids"].device, len(collated) // accumulation
+    if device.type != "cuda":
+        return _Pairs(_Copy(model, candidate, device, optimizer, mode), collated, accumulation, warm=CPU_WARM), 1
+    timing = next(iter(measure_updates(model, collated, [candidate], optimizer, device, compile_mode=mode).values()))
+    if timing.failure:
+        raise RuntimeError(timing.failure)
+    return _Window(updates, updates * 2, synchronizer(device), timing.steady * accumulation), 2
 
 
 @contextlib.contextmanager
@@ -210,3 +213,30 @@ def _random_state_kept():
         finally:
             random.setstate(python)
             np.random.set_state(generator)
+
+
+def trainer_ratio(inputs, sized, fit) -> tuple[float, list[str], TrainerTrial | None]:
+    """(the real Trainer's seconds per update of the `sized` model (a `measuring.Sized`) at `fit`'s batch size on
+    the run's batches over the calibration's, the words that say so, the trial); 1 where the trial cannot run, or
+    under several processes: each would time its own choice in a Trainer of collectives it shares with the others
+    (the first check re-plans from the Trainer's own updates there). `inputs`: the plan's (`fitting.PlanInputs`)."""
+    settings = inputs.settings
+    if settings.world_size > 1 or inputs.trainer_class is None:
+        why = "under several processes" if settings.world_size > 1 else "(no Trainer given to the plan)"
+        return 1.0, [f"the Trainer's update not measured before training {why}"], None
+    accumulation = settings.updates[fit.max_tokens].accumulation
+    batches = inputs.data.sample_batches(fit.max_tokens, TRIAL_BATCHES * accumulation, set(), inputs.multiple)
+    try:
+        trial = trainer_trial(
+            sized.model, sized.measurement.fixed, batches, inputs.data, settings.args, accumulation,
+            settings.optimizer, inputs.trainer_class,
+        )  # fmt: skip
+    except (RuntimeError, ValueError) as error:
+        return 1.0, [f"the Trainer's update not measured before training ({str(error).splitlines()[0][:200]})"], None
+    ratio = trial.trainer_seconds / fit.timing.steady
+    said = (
+        f"the Trainer's own update {trial.trainer_seconds:.3f} s on {len(batches)} of the run's batches ("
+        f"{ratio:.2f} of the calibration's {fit.timing.steady:.3f} s; its own work "
+        f"{trial.overhead * 1000:.1f} ms an update)"
+    )
+    return ratio, [said], trial

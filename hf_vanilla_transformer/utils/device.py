@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator
 import torch
 from transformers.utils import is_flash_attn_2_available
 
-from ...model.configuration_vanilla_transformer import VanillaTransformerConfig
-from ...model.inputs_vanilla_transformer import without_host_reads
-from ...model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from ...utils.kernels import without_cudnn_attention
-from ...utils.machine import cpu_has_fast_bf16
+from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
+from ..model.inputs_vanilla_transformer import without_host_reads
+from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from .kernels import without_cudnn_attention
+from .machine import cpu_has_fast_bf16
 
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
