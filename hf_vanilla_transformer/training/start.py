@@ -11,12 +11,12 @@ clock keeps twice the first's seconds for it (`BudgetClock.with_final_check`; a 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
 from pathlib import Path
 
+from ..data.cache import file_signature, text_key
 from ..evaluation.translation import evaluate_translations
 from ..utils.files import write_json_atomically
 from .models import build_model
@@ -46,23 +46,16 @@ def validation_score(model, tokenizer, pairs: tuple[list[str], list[str]]) -> di
 
 
 def fingerprint(model_name_or_path: str, pairs: tuple[list[str], list[str]]) -> str:
-    """What a recorded start must match to be reused: a hash of the starting model (a local folder: its resolved
-    path, its config and the size and modification time of each of its files; a Hub id: the id) and of the
-    validation pairs. A hash only: no path reaches the output folder."""
-    digest = hashlib.sha256()
+    """What a recorded start must match to be reused: a key (`data.cache.text_key`) of the starting model (a local
+    folder: its resolved path, its config and the signature of each of its files, `data.cache.file_signature`; a Hub
+    id: the id) and of the validation pairs. A key only: no path reaches the output folder."""
     folder = Path(model_name_or_path)
-    if folder.is_dir():
-        digest.update(str(folder.resolve()).encode())
-        for file in sorted(item for item in folder.iterdir() if item.is_file() and not item.is_symlink()):
-            status = file.stat()
-            digest.update(f"{file.name}:{status.st_size}:{status.st_mtime_ns}".encode())
-        if (folder / "config.json").is_file():
-            digest.update((folder / "config.json").read_bytes())
-    else:
-        digest.update(model_name_or_path.encode())
-    for side in pairs:
-        digest.update("\n".join(side).encode())
-    return digest.hexdigest()
+    if not folder.is_dir():
+        return text_key(model_name_or_path, pairs)
+    files = sorted(item for item in folder.iterdir() if item.is_file() and not item.is_symlink())
+    config = (folder / "config.json").read_text(encoding="utf-8") if (folder / "config.json").is_file() else None
+    signatures = [[file.name, *file_signature(file)] for file in files]
+    return text_key(str(folder.resolve()), signatures, config, pairs)
 
 
 def starting_point(settings, data) -> dict | None:

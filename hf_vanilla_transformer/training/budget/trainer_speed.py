@@ -185,7 +185,6 @@ def _train(trainer, compiled: bool) -> None:
         trainer.train()
     finally:
         trainer.accelerator.free_memory()
-        trainer.model = trainer.model_wrapped = trainer.optimizer = trainer.lr_scheduler = None
         if compiled:
             torch._dynamo.reset()  # the trial's graphs go: the Trainer's compile starts afresh
 
