@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoTokenizer, TrainerState
+from transformers import AutoTokenizer, TrainerCallback, TrainerState
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.evaluation.translation import evaluate_translations
@@ -28,7 +28,7 @@ from hf_vanilla_transformer.training.choices import length_penalty_choices
 from hf_vanilla_transformer.training.models import build_model
 from hf_vanilla_transformer.training.run import prepare_run
 from hf_vanilla_transformer.training.settings import settle
-from hf_vanilla_transformer.training.trainer import noam_schedule, noam_shape
+from hf_vanilla_transformer.training.trainer import cooldown_shape, noam_schedule, noam_shape
 
 from conftest import FIXTURES, logged_losses, run_script, tiny_model, word_tokenizer
 
@@ -71,6 +71,73 @@ def test_a_resumed_schedule_takes_its_step_from_the_checkpoint_and_its_rate_from
     scheduler.step()  # update 12 next
     assert scheduler.last_epoch == 11
     assert optimizer.param_groups[0]["lr"] == pytest.approx(d_model**-0.5 * 12 * warmup**-1.5, rel=1e-12)
+
+
+def test_a_cooldown_decays_the_rate_linearly_to_zero_at_the_end_it_reads_at_each_step():
+    """With a cooldown the rate is the §5.3 rate times (end - s + 1) / (fraction * end) over the last fraction of
+    the run, the end read at every update (a re-plan moves it); without one it is the §5.3 rate exactly."""
+    warmup, fraction, peak = 10, 0.25, 1e-3
+    end = [100]
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    scheduler = noam_schedule(optimizer, warmup, fraction, lambda: end[0])
+    paper = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    paper_scheduler = noam_schedule(paper, warmup)
+    for update in range(1, 121):
+        if update == 60:
+            end[0] = 120  # re-planned before the cooldown began: it begins at update 91 instead of 76
+        expected = peak * min(update**-0.5 * warmup**0.5, update / warmup)
+        if update > (1 - fraction) * end[0]:
+            expected *= (end[0] - update + 1) / (fraction * end[0])
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-12), update
+        assert (optimizer.param_groups[0]["lr"] == paper.param_groups[0]["lr"]) == (update <= 91), (
+            update
+        )  # 91: the cooldown's first, at 30/30
+        for each, schedule in ((optimizer, scheduler), (paper, paper_scheduler)):
+            each.step()
+            schedule.step()
+    assert optimizer.param_groups[0]["lr"] == 0.0  # past the end: none left
+    assert cooldown_shape(120, 120, fraction) == 1 / 30 and cooldown_shape(90, 120, fraction) == 1.0
+    with pytest.raises(ValueError, match="cooldown_fraction needs the run's last update"):
+        noam_schedule(optimizer, warmup, fraction)
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.0])
+def test_a_cooldown_outside_the_run_is_refused(tmp_path, fraction):
+    with pytest.raises(ValueError, match=rf"cooldown_fraction={fraction} is invalid; expected a fraction of the run"):
+        settle(_recipe(), _args(tmp_path, cooldown_fraction=fraction))
+
+
+def test_the_trainers_updates_follow_the_cooldown_to_the_end_its_state_holds(tmp_path):
+    """The real Trainer's optimizer, update by update: the rate of each update is the schedule's at the end the
+    Trainer's state held when the update before it was stepped (the budget's callback moves the end when it
+    re-plans, after an update, as a callback does here: the update after next follows it)."""
+    rates, ends = [], []
+
+    class Replan(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            state.max_steps = 12
+
+        def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+            rates.append(optimizer.param_groups[0]["lr"])
+            ends.append(state.max_steps)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            state.max_steps = 16 if state.global_step == 8 else state.max_steps
+            control.should_training_stop = state.global_step >= state.max_steps
+
+    arguments = _args(tmp_path, max_steps=16, warmup_steps=4, save_steps=100, cooldown_fraction=0.5)
+    run = prepare_run(settle(_recipe(preset="tiny", vocab_size=300), arguments))
+    run.trainer.add_callback(Replan())
+    run.trainer.train()
+    peak = run.trainer.args.learning_rate
+    stepped_with = [16, *ends[:-1]]  # the first update's rate is set before training, at the arguments' end
+    expected = [
+        peak * noam_shape(update, 4) * min(1.0, (end - update + 1) / (0.5 * end))
+        for update, end in enumerate(stepped_with, start=1)
+    ]
+    assert ends == [12] * 8 + [16] * 8 and rates == pytest.approx(expected, rel=1e-9)
+    assert rates[7] == pytest.approx(peak * noam_shape(8, 4) * 5 / 6, rel=1e-9)  # update 8: 5 of 6 left to 12
+    assert rates[9] == pytest.approx(peak * noam_shape(10, 4) * 7 / 8, rel=1e-9)  # update 10: 7 of 8 left to 16
 
 
 def test_training_arguments_default_to_the_paper():

@@ -260,6 +260,13 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     warmup_steps: float = field(
         default=4000, metadata={"help": "Warmup updates of the §5.3 schedule (4000); below 1, a fraction of the run."}
     )
+    cooldown_fraction: float = field(
+        default=0.0,
+        metadata={
+            "help": "Decay the §5.3 rate linearly to 0 over this last fraction of the run's updates (0: the paper's "
+            "schedule alone). The run's end is the budget's plan, followed when it re-plans."
+        },
+    )
     logging_steps: float = field(default=50, metadata={"help": "Log every N updates."})
     save_steps: float = field(default=1000, metadata={"help": "Save a checkpoint every N updates."})
     predict_with_generate: bool = field(default=True, metadata={"help": "Evaluate BLEU with generate()."})
@@ -296,6 +303,10 @@ def check_schedule_arguments(args: TransformerTrainingArguments) -> None:
         raise ValueError(
             f"learning_rate={args.learning_rate} is not used: the §5.3 schedule sets the rate from d_model and "
             "warmup_steps. Scale it with --lr_scale (peak = lr_scale * d_model^-0.5 * warmup_steps^-0.5)."
+        )
+    if not 0 <= args.cooldown_fraction < 1:
+        raise ValueError(
+            f"cooldown_fraction={args.cooldown_fraction} is invalid; expected a fraction of the run in [0, 1)."
         )
     if args.lr_scheduler_type != "linear":  # a str enum after TrainingArguments.__post_init__
         raise ValueError(

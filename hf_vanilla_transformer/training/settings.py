@@ -96,6 +96,7 @@ class RunSettings:
             "lr_reference_tokens": recipe.lr_reference_tokens,
             "compile_training": recipe.compile_training,
             "warmup_steps": args.warmup_steps,
+            "cooldown_fraction": args.cooldown_fraction,
             "max_length": recipe.max_length,
             "seed": args.seed,
             "precision": self.asked_precision,

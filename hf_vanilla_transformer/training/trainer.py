@@ -11,7 +11,7 @@ import logging
 import shutil
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 
@@ -56,15 +56,38 @@ class NoamSchedule(LambdaLR):
         self.base_lrs = base_lrs
 
 
-def noam_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> NoamSchedule:
-    """The §5.3 schedule (`NoamSchedule`) over `optimizer`, whose rate is the peak, reached after `warmup_steps`."""
+def noam_schedule(
+    optimizer: torch.optim.Optimizer,
+    warmup_steps: int,
+    cooldown_fraction: float = 0.0,
+    last_update: Callable[[], int] | None = None,
+) -> NoamSchedule:
+    """The §5.3 schedule (`NoamSchedule`) over `optimizer`, whose rate is the peak, reached after `warmup_steps`;
+    with `cooldown_fraction`, the rate decays linearly to 0 over that last fraction of the updates to
+    `last_update()` (read at every step: the budget's plan moves the run's end when it re-plans; the Trainer sets
+    an update's rate when it steps the one before, so a re-plan after update k reaches the rate from update k + 2)."""
     if warmup_steps < 1:
         raise ValueError(f"warmup_steps={warmup_steps} is invalid; the §5.3 schedule needs at least 1.")
-    return NoamSchedule(optimizer, partial(_noam_lambda, warmup_steps=int(warmup_steps)))
+    if cooldown_fraction and last_update is None:
+        raise ValueError("cooldown_fraction needs the run's last update (last_update); none was given.")
+    shape = partial(_noam_lambda, warmup_steps=int(warmup_steps), cooldown_fraction=cooldown_fraction, end=last_update)
+    return NoamSchedule(optimizer, shape)
 
 
-def _noam_lambda(step: int, warmup_steps: int) -> float:
-    return noam_shape(step + 1, warmup_steps)
+def cooldown_shape(step: int, last: int, fraction: float) -> float:
+    """1 until the last `fraction` of `last` updates, then falling linearly to 0 after update `last` (1-based
+    `step`): the rate of update s is scaled by (last - s + 1) / (fraction * last) there."""
+    span = fraction * last
+    if not fraction or last <= 0 or span < 1:
+        return 1.0
+    return min(1.0, max(last - step + 1, 0) / span)
+
+
+def _noam_lambda(step: int, warmup_steps: int, cooldown_fraction: float = 0.0, end=None) -> float:
+    shape = noam_shape(step + 1, warmup_steps)
+    if cooldown_fraction:
+        shape *= cooldown_shape(step + 1, int(end()), cooldown_fraction)
+    return shape
 
 
 @contextlib.contextmanager
@@ -269,7 +292,12 @@ class TransformerTrainer(Seq2SeqTrainer):
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.lr_scheduler is None:
             optimizer = optimizer if optimizer is not None else self.optimizer
-            self.lr_scheduler = noam_schedule(optimizer, int(self.args.warmup_steps))
+            self.lr_scheduler = noam_schedule(
+                optimizer,
+                int(self.args.warmup_steps),
+                getattr(self.args, "cooldown_fraction", 0.0),  # plain Seq2SeqTrainingArguments: none
+                lambda: self.state.max_steps or self.args.max_steps,
+            )
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
