@@ -12,10 +12,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from hf_vanilla_transformer.data.corpora import hold_out, load_corpus
-from hf_vanilla_transformer.evaluation.translation import evaluate_translations, load_translator
+from length_penalty_probe import beam_bleu, held_out_splits  # scripts/ is the script's own folder on sys.path
+
+from hf_vanilla_transformer.evaluation.translation import load_translator
 from hf_vanilla_transformer.training.averaging import average_checkpoints, checkpoint_folders, validation_losses
-from hf_vanilla_transformer.training.recipes import parse_run
 
 
 def main() -> None:
@@ -23,13 +23,7 @@ def main() -> None:
     parser.add_argument("folders", nargs="+")
     parser.add_argument("--last", default="1,2,3,4,5,6")
     flags = parser.parse_args()
-    recipe = parse_run(["--recipe", "cpu", "--output_dir", "averaging-probe"]).recipe
-    files = (recipe.data_files, recipe.validation_files, recipe.test_files)
-    languages = (recipe.source_lang, recipe.target_lang)
-    corpus = hold_out(
-        load_corpus(recipe.dataset, *languages, *files, recipe.data_cache_dir, recipe.wmt14_dir, carve=True)
-    )
-    splits = {"validation": corpus["validation"], "test": corpus["test"]}
+    splits = held_out_splits(validation_pairs=None)
     for folder in map(Path, flags.folders):
         results = json.loads((folder / "results.json").read_text())
         alpha = results["test"]["length_penalty"]
@@ -43,12 +37,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as averaged:
                 average_checkpoints(chosen, averaged)
                 model, tokenizer = load_translator(averaged)
-                for name, pairs in splits.items():
-                    scores, _ = evaluate_translations(
-                        model, tokenizer, list(pairs["source"]), list(pairs["target"]), num_beams=4,
-                        length_penalty=alpha, progress=False,
-                    )  # fmt: skip
-                    row[f"{name}_bleu"] = round(scores["score"], 2)
+                row.update(beam_bleu(model, tokenizer, splits, alpha))
             print(json.dumps(row), flush=True)
 
 
