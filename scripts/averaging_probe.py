@@ -30,6 +30,9 @@ def main() -> None:
         checkpoints = checkpoint_folders(folder)
         losses = validation_losses(json.loads((checkpoints[-1] / "trainer_state.json").read_text())["log_history"])
         for last in (int(value) for value in flags.last.split(",")):
+            if not 1 <= last <= len(checkpoints):
+                print(json.dumps({"folder": str(folder), "last": last, "skipped": f"{len(checkpoints)} kept"}))
+                continue
             chosen = checkpoints[-last:]
             steps = [int(path.name.rsplit("-", 1)[1]) for path in chosen]
             row = {"folder": str(folder), "last": last, "steps": steps, "alpha": alpha}

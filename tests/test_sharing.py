@@ -23,6 +23,7 @@ from hf_vanilla_transformer.sharing.hub import (
     stage_for_hub,
     upload_plan,
 )
+from hf_vanilla_transformer.sharing.model_card import render_model_card
 from hf_vanilla_transformer.sharing.plots import (
     attention_maps,
     plot_attention,
@@ -206,6 +207,17 @@ def test_the_filled_card_validates_and_holds_the_runs_bleu(trained_folder):
     assert bleu.task_type == "translation" and bleu.dataset_split == "test"
     chrf = next(result for result in card.data.eval_results if result.metric_type == "chrf")
     assert chrf.metric_value == round(results["test"]["chrf"], 2)
+
+
+def test_the_card_states_a_cooldown_where_the_run_used_one_and_nothing_where_not(trained_folder):
+    folder, _ = trained_folder
+    results = json.loads((folder / "results.json").read_text())
+    clause = "falling linearly to 0 over the last 25% of the updates (not the paper's)"
+    assert clause not in render_model_card(results) and results["recipe"]["cooldown_fraction"] == 0
+    results["recipe"]["cooldown_fraction"] = 0.25
+    assert f"^-1.5), {clause}; label smoothing" in render_model_card(results).replace("\n  ", " ")
+    del results["recipe"]["cooldown_fraction"]  # as a folder of an earlier version records it
+    assert clause not in render_model_card(results)
 
 
 def test_card_check_names_what_is_missing():

@@ -170,6 +170,7 @@ def _training_values(results: dict) -> dict:
     return {
         "lr_scale": trained["lr_scale"],
         "warmup": trained["warmup_steps"],
+        "cooldown": _cooldown(results.get("recipe", {}).get("cooldown_fraction") or 0),
         "max_tokens": trained["max_tokens"],
         "accumulation": f", {accumulation} accumulated per update" if accumulation > 1 else "",
         "steps": training["steps"],
@@ -179,6 +180,11 @@ def _training_values(results: dict) -> dict:
         "averaged": len(results.get("averaged_checkpoints", [])) or 1,
         "command": public_command(results.get("command", "")),  # (a results.json written before it was redacted)
     }
+
+
+def _cooldown(fraction: float) -> str:
+    """The schedule's cooldown (not the paper's), as the card's recipe line says it; none: nothing."""
+    return f", falling linearly to 0 over the last {fraction:.0%} of the updates (not the paper's)" if fraction else ""
 
 
 def _usage_values(results: dict, repo_id: str | None, plots: list[str] | None) -> dict:

@@ -65,9 +65,12 @@ def noam_schedule(
     """The §5.3 schedule (`NoamSchedule`) over `optimizer`, whose rate is the peak, reached after `warmup_steps`;
     with `cooldown_fraction`, the rate decays linearly to 0 over that last fraction of the updates to
     `last_update()` (read at every step: the budget's plan moves the run's end when it re-plans; the Trainer sets
-    an update's rate when it steps the one before, so a re-plan after update k reaches the rate from update k + 2)."""
+    an update's rate when it steps the one before, so a re-plan after update k reaches the rate from update k + 2;
+    one that moves the end later during the cooldown lifts the rate to the new, later line)."""
     if warmup_steps < 1:
         raise ValueError(f"warmup_steps={warmup_steps} is invalid; the §5.3 schedule needs at least 1.")
+    if not 0 <= cooldown_fraction < 1:
+        raise ValueError(f"cooldown_fraction={cooldown_fraction} is invalid; expected a fraction of the run in [0, 1).")
     if cooldown_fraction and last_update is None:
         raise ValueError("cooldown_fraction needs the run's last update (last_update); none was given.")
     shape = partial(_noam_lambda, warmup_steps=int(warmup_steps), cooldown_fraction=cooldown_fraction, end=last_update)
@@ -296,7 +299,7 @@ class TransformerTrainer(Seq2SeqTrainer):
                 optimizer,
                 int(self.args.warmup_steps),
                 getattr(self.args, "cooldown_fraction", 0.0),  # plain Seq2SeqTrainingArguments: none
-                lambda: self.state.max_steps or self.args.max_steps,
+                lambda: self.state.max_steps or num_training_steps,
             )
             self._created_lr_scheduler = True
         return self.lr_scheduler
