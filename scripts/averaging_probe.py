@@ -16,6 +16,7 @@ from length_penalty_probe import beam_bleu, held_out_splits  # scripts/ is the s
 
 from hf_vanilla_transformer.evaluation.translation import load_translator
 from hf_vanilla_transformer.training.averaging import average_checkpoints, checkpoint_folders, validation_losses
+from hf_vanilla_transformer.training.checkpoints import checkpoint_step
 
 
 def main() -> None:
@@ -34,7 +35,7 @@ def main() -> None:
                 print(json.dumps({"folder": str(folder), "last": last, "skipped": f"{len(checkpoints)} kept"}))
                 continue
             chosen = checkpoints[-last:]
-            steps = [int(path.name.rsplit("-", 1)[1]) for path in chosen]
+            steps = [checkpoint_step(path) for path in chosen]
             row = {"folder": str(folder), "last": last, "steps": steps, "alpha": alpha}
             row["validation_losses"] = [round(losses[step], 3) if step in losses else None for step in steps]
             with tempfile.TemporaryDirectory() as averaged:

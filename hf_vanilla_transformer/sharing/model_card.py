@@ -170,7 +170,7 @@ def _training_values(results: dict) -> dict:
     return {
         "lr_scale": trained["lr_scale"],
         "warmup": trained["warmup_steps"],
-        "cooldown": _cooldown(results.get("recipe", {}).get("cooldown_fraction") or 0),
+        "cooldown": _cooldown(results["recipe"].get("cooldown_fraction") or 0),
         "max_tokens": trained["max_tokens"],
         "accumulation": f", {accumulation} accumulated per update" if accumulation > 1 else "",
         "steps": training["steps"],

@@ -296,6 +296,12 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         return kept
 
 
+def check_cooldown_fraction(fraction: float) -> None:
+    """The schedule's cooldown is a fraction of the run in [0, 1) (`trainer.noam_schedule`); else a ValueError."""
+    if not 0 <= fraction < 1:
+        raise ValueError(f"cooldown_fraction={fraction} is invalid; expected a fraction of the run in [0, 1).")
+
+
 def check_schedule_arguments(args: TransformerTrainingArguments) -> None:
     """The §5.3 schedule sets the learning rate at every step; refuse the Trainer flags it would silently ignore."""
     default_rate = TransformerTrainingArguments.__dataclass_fields__["learning_rate"].default
@@ -304,10 +310,7 @@ def check_schedule_arguments(args: TransformerTrainingArguments) -> None:
             f"learning_rate={args.learning_rate} is not used: the §5.3 schedule sets the rate from d_model and "
             "warmup_steps. Scale it with --lr_scale (peak = lr_scale * d_model^-0.5 * warmup_steps^-0.5)."
         )
-    if not 0 <= args.cooldown_fraction < 1:
-        raise ValueError(
-            f"cooldown_fraction={args.cooldown_fraction} is invalid; expected a fraction of the run in [0, 1)."
-        )
+    check_cooldown_fraction(args.cooldown_fraction)
     if args.lr_scheduler_type != "linear":  # a str enum after TrainingArguments.__post_init__
         raise ValueError(
             f"lr_scheduler_type={args.lr_scheduler_type!r} is not supported: training always uses the §5.3 schedule "

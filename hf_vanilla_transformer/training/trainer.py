@@ -29,6 +29,7 @@ from ..utils.faults import moment
 from ..utils.files import disk_full, folder_bytes, is_disk_full
 from ..utils.kernels import without_cudnn_attention
 from ..utils.machine import release_mapped_pages
+from .arguments import check_cooldown_fraction
 from .checkpoints import checkpoint_folders, mark_complete
 from .collapse import source_dependence
 
@@ -69,8 +70,7 @@ def noam_schedule(
     one that moves the end later during the cooldown lifts the rate to the new, later line)."""
     if warmup_steps < 1:
         raise ValueError(f"warmup_steps={warmup_steps} is invalid; the §5.3 schedule needs at least 1.")
-    if not 0 <= cooldown_fraction < 1:
-        raise ValueError(f"cooldown_fraction={cooldown_fraction} is invalid; expected a fraction of the run in [0, 1).")
+    check_cooldown_fraction(cooldown_fraction)
     if cooldown_fraction and last_update is None:
         raise ValueError("cooldown_fraction needs the run's last update (last_update); none was given.")
     shape = partial(_noam_lambda, warmup_steps=int(warmup_steps), cooldown_fraction=cooldown_fraction, end=last_update)
