@@ -371,7 +371,14 @@ def test_the_replans_count_with_the_decoding_step_the_plan_measured():
     settings = types.SimpleNamespace(
         updates={1024: types.SimpleNamespace(accumulation=1, world_size=1)}, device=torch.device("cuda")
     )
-    data = types.SimpleNamespace(epoch_batches=lambda size: 100, shapes_met=lambda size, count, multiple: 0.0)
+    class Sampler:  # an epoch of 100 batches, of shapes all met before
+        def __len__(self):
+            return 100
+
+        def shapes_met(self, batches, multiple=1):
+            return 0.0
+
+    data = types.SimpleNamespace(batches=types.SimpleNamespace(of=lambda size: Sampler()))
     rules = BudgetRules(EventRule(evaluations_per_run=4), validates=True, held_out=HeldOut(500, 1152, test_beams=4))
     plan = BudgetPlan.of(max_steps=1000, save_steps=100, max_tokens=1024, peak_learning_rate=1e-3)
     measured = plan.but(decode_step_seconds=0.012, greedy_step_seconds=0.010)

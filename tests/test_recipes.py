@@ -127,7 +127,7 @@ def test_the_training_collator_makes_the_models_decoder_inputs_without_the_model
     """Data-loading workers get a copy of the collator: it holds two token ids, not the model (on a GPU)."""
     from transformers import DataCollatorForSeq2Seq
 
-    from hf_vanilla_transformer.training.run_data import training_collator
+    from hf_vanilla_transformer.data.collating import training_collator
 
     from conftest import reversal_task, tiny_model
 

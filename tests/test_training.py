@@ -23,12 +23,12 @@ from hf_vanilla_transformer.training.arguments import (
     parse_config_overrides,
 )
 from hf_vanilla_transformer.training.averaging import average_checkpoints, average_last_checkpoints, checkpoint_folders
+from hf_vanilla_transformer.training.budget.schedule import cooldown_shape, noam_schedule, noam_shape
 from hf_vanilla_transformer.training.callbacks import TrainingProgressCallback
 from hf_vanilla_transformer.training.choices import length_penalty_choices
 from hf_vanilla_transformer.training.models import build_model
 from hf_vanilla_transformer.training.run import prepare_run
 from hf_vanilla_transformer.training.settings import settle
-from hf_vanilla_transformer.training.trainer import cooldown_shape, noam_schedule, noam_shape
 
 from conftest import FIXTURES, logged_losses, run_script, tiny_model, word_tokenizer
 

@@ -16,6 +16,7 @@ from transformers import (
 from ..model.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
 from ..utils.redact import is_secret_flag
 from .averaging import AVERAGE_WINDOW
+from .budget import check_cooldown_fraction
 from .choices import budgeted, length_penalty_choices, preset_choices, token_choices
 
 
@@ -294,12 +295,6 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
             if is_secret_flag(name):
                 setattr(kept, name, None)
         return kept
-
-
-def check_cooldown_fraction(fraction: float) -> None:
-    """The schedule's cooldown is a fraction of the run in [0, 1) (`trainer.noam_schedule`); else a ValueError."""
-    if not 0 <= fraction < 1:
-        raise ValueError(f"cooldown_fraction={fraction} is invalid; expected a fraction of the run in [0, 1).")
 
 
 def check_schedule_arguments(args: TransformerTrainingArguments) -> None:

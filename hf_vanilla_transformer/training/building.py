@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from transformers import ProgressCallback
 
+from ..data.collating import training_collator
 from ..evaluation.metrics import seq2seq_bleu_metrics
 from .budget import BudgetClock, Budgeted, TimeBudgetCallback, apply_plan
 from .callbacks import SaveEveryCallback, SetupClockCallback, TrainingProgressCallback
@@ -61,7 +62,7 @@ def build_trainer(settings, budgeted: Budgeted, model, data: PreparedData, clock
         args=planned,
         train_dataset=data.train,
         eval_dataset=data.evaluation,
-        data_collator=data.collator(model.config, settings.device),
+        data_collator=training_collator(data.tokenizer, model.config, settings.device),
         processing_class=data.tokenizer,
         compute_metrics=seq2seq_bleu_metrics(data.tokenizer),
         batch_sampler=sampler,

@@ -1,7 +1,7 @@
 """The data of a training run, prepared once and shared by the plan, the Trainer and a run that starts again with
 another choice: the corpus (validation and test pairs held out of a lone training file), the tokenizer (made once
 per launch: the model's own, an interrupted run's, or the shared BPE learned on a capped sample), the training split
-tokenized once per machine, its token-budget batch samplers, and the collator of its batches."""
+tokenized once per machine, and its token-budget batch samplers (their batches collated by `data.collating`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from datasets import DatasetDict
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer, DataCollatorForSeq2Seq, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from ..data.batching import BatchSamplers
 from ..data.cache import SCRATCH, cache_root
@@ -19,8 +19,6 @@ from ..data.corpora import hold_out, load_corpus
 from ..data.pipeline import learn_tokenizer, length_chunks, tokenize_corpus, tokenized_folder, tokenizer_to_text
 from ..data.splits import CorpusError
 from ..data.tokenizer import wrap_tokenizer
-from ..model.modeling_vanilla_transformer import shift_tokens_right
-from ..utils.device import pad_multiple
 from ..utils.distributed import main_process_value, result_or_error
 from ..utils.machine import release_mapped_pages
 from ..utils.stages import SetupClock
@@ -34,7 +32,10 @@ logger = logging.getLogger(__name__)
 class PreparedData:
     """What a run trains and evaluates on: the held-out splits as text (the training text is not kept once
     tokenized), the tokenizer, the tokenized training split and validation pairs (or None), the batch samplers, and
-    the set-up clock that timed them."""
+    the set-up clock that timed them; with what the plan counts of them, as values: the test split (the validation
+    split where a corpus has none), its pairs, and the validation pairs evaluated during training (None: no
+    validation split). The plan reads the batches from the samplers themselves (`data.batching`) and collates them
+    as the Trainer does (`data.collating`)."""
 
     corpus: DatasetDict
     tokenizer: PreTrainedTokenizerFast
@@ -42,67 +43,9 @@ class PreparedData:
     evaluation: object | None
     batches: BatchSamplers
     clock: SetupClock
-
-    @property
-    def test(self):
-        """The test split (the validation split where a corpus has none)."""
-        return self.corpus["test"] if "test" in self.corpus else self.corpus["validation"]
-
-    @property
-    def test_pairs(self) -> int:
-        return len(self.corpus["test"]) if "test" in self.corpus else len(self.corpus.get("validation", []))
-
-    @property
-    def validation_pairs(self) -> int | None:
-        """The validation pairs evaluated during training (None: no validation split)."""
-        return len(self.evaluation) if self.evaluation is not None else None
-
-    def collator(self, config, device) -> DataCollatorForSeq2Seq:
-        """The collator of the training batches for a model of `config` on `device` (`training_collator`)."""
-        return training_collator(self.tokenizer, config, device)
-
-    def sample_batches(self, max_tokens: int, count: int, taken: set, multiple: int) -> list[list[int]]:
-        """`count` batches of `max_tokens` (index lists), of shapes (lengths rounded up to `multiple`) not in `taken`
-        where the corpus has enough (added to it); a small corpus has too few shapes for each to be new."""
-        sampler = self.batches.of(max_tokens)
-        chosen = sampler.shape_sample(count, multiple, taken)
-        if len(chosen) < count:
-            chosen += sampler.shape_sample(count - len(chosen), multiple)
-        return chosen
-
-    def collate(self, batches: list[list[int]], collator) -> list[dict]:
-        """The training rows of each index batch, collated."""
-        return [collator([{k: self.train[i][k] for k in ("input_ids", "labels")} for i in batch]) for batch in batches]
-
-    def epoch_batches(self, max_tokens: int) -> int:
-        """The batches of `max_tokens` in an epoch of the training split."""
-        return len(self.batches.of(max_tokens))
-
-    def shapes_met(self, max_tokens: int, batches: int, multiple: int) -> float:
-        """The distinct batch shapes among the first `batches` batches of `max_tokens` (each costs its first update
-        more: `calibration.Timing`)."""
-        return self.batches.of(max_tokens).shapes_met(batches, multiple)
-
-
-def training_collator(tokenizer, config, device) -> DataCollatorForSeq2Seq:
-    """The collator of the training batches, the calibration's and the Trainer's, for a model of `config` on
-    `device`: padded to the longest of each side (to a multiple of 8 on CUDA: `device.pad_multiple`), the decoder
-    inputs made from the labels. It holds the model's two token ids, not the model: data-loading workers get a
-    copy of it."""
-    multiple = pad_multiple(device)
-    shifter = DecoderInputs(config.pad_token_id, config.decoder_start_token_id)
-    return DataCollatorForSeq2Seq(tokenizer, model=shifter, pad_to_multiple_of=multiple if multiple > 1 else None)
-
-
-@dataclass(frozen=True)
-class DecoderInputs:
-    """What `DataCollatorForSeq2Seq` asks of a model: the decoder inputs of a batch's labels, shifted right (§3.1)."""
-
-    pad_token_id: int
-    decoder_start_token_id: int
-
-    def prepare_decoder_input_ids_from_labels(self, labels):
-        return shift_tokens_right(labels, self.pad_token_id, self.decoder_start_token_id)
+    test: object = None  # datasets.Dataset
+    test_pairs: int = 0
+    validation_pairs: int | None = None
 
 
 def prepare_data(settings, budget: BudgetClock, clock: SetupClock) -> PreparedData:
@@ -147,7 +90,12 @@ def prepare_data(settings, budget: BudgetClock, clock: SetupClock) -> PreparedDa
     evaluation = encoded.get("validation")
     if evaluation is not None and recipe.max_eval_samples is not None:
         evaluation = evaluation.select(range(min(recipe.max_eval_samples, len(evaluation))))
-    return PreparedData(held_out, tokenizer, encoded["train"], evaluation, batches, clock)
+    test = held_out["test"] if "test" in held_out else held_out.get("validation")
+    pairs = len(test) if test is not None else 0
+    validation_pairs = len(evaluation) if evaluation is not None else None
+    return PreparedData(
+        held_out, tokenizer, encoded["train"], evaluation, batches, clock, test, pairs, validation_pairs
+    )
 
 
 def launch_tokenizer(train, output_dir: Path, bpe: tuple, rank: int, saves: bool):

@@ -33,11 +33,10 @@ class UpdateSize:
     max_tokens: int
     accumulation: int
     world_size: int = 1
+    tokens: int = field(init=False)  # padded source tokens per update, over every process and accumulation step
 
-    @property
-    def tokens(self) -> int:
-        """Padded source tokens per update, over every process and accumulation step."""
-        return self.max_tokens * self.accumulation * self.world_size
+    def __post_init__(self):
+        object.__setattr__(self, "tokens", self.max_tokens * self.accumulation * self.world_size)
 
 
 @dataclass(frozen=True)

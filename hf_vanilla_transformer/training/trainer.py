@@ -11,12 +11,10 @@ import logging
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer
 from transformers.trainer_utils import rotate_checkpoints
@@ -29,68 +27,12 @@ from ..utils.faults import moment
 from ..utils.files import disk_full, folder_bytes, is_disk_full
 from ..utils.kernels import without_cudnn_attention
 from ..utils.machine import release_mapped_pages
-from .arguments import check_cooldown_fraction
+from .budget import noam_schedule
 from .checkpoints import checkpoint_folders, mark_complete
 from .collapse import source_dependence
 
 
 logger = logging.getLogger(__name__)
-
-
-def noam_shape(step: int, warmup_steps: int) -> float:
-    """The §5.3 schedule's shape for the optimizer's `step`-th update (1-based), 1 at the end of warmup:
-    min((warmup / step)^0.5, step / warmup). Eq. 3 is the peak d_model^-0.5 * warmup^-0.5 times it; the Trainer's
-    `learning_rate` is that peak (the plan's, `budget.apply_plan`), so the schedule applies no factor of its own."""
-    step = max(step, 1)
-    return min((warmup_steps / step) ** 0.5, step / warmup_steps)
-
-
-class NoamSchedule(LambdaLR):
-    """The §5.3 schedule: at scheduler step s (0 before the first update) the rate is the optimizer's initial rate
-    (the peak) times the shape of update s + 1. A checkpoint's state gives it its step, never its rate: a run resumed
-    from a checkpoint written when the Trainer's rate was eq. 3's factor d_model^-0.5 rather than the peak keeps
-    the rate its plan holds."""
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        base_lrs = list(self.base_lrs)
-        super().load_state_dict(state_dict)
-        self.base_lrs = base_lrs
-
-
-def noam_schedule(
-    optimizer: torch.optim.Optimizer,
-    warmup_steps: int,
-    cooldown_fraction: float = 0.0,
-    last_update: Callable[[], int] | None = None,
-) -> NoamSchedule:
-    """The §5.3 schedule (`NoamSchedule`) over `optimizer`, whose rate is the peak, reached after `warmup_steps`;
-    with `cooldown_fraction`, the rate decays linearly to 0 over that last fraction of the updates to
-    `last_update()` (read at every step: the budget's plan moves the run's end when it re-plans; the Trainer sets
-    an update's rate when it steps the one before, so a re-plan after update k reaches the rate from update k + 2;
-    one that moves the end later during the cooldown lifts the rate to the new, later line)."""
-    if warmup_steps < 1:
-        raise ValueError(f"warmup_steps={warmup_steps} is invalid; the §5.3 schedule needs at least 1.")
-    check_cooldown_fraction(cooldown_fraction)
-    if cooldown_fraction and last_update is None:
-        raise ValueError("cooldown_fraction needs the run's last update (last_update); none was given.")
-    shape = partial(_noam_lambda, warmup_steps=int(warmup_steps), cooldown_fraction=cooldown_fraction, end=last_update)
-    return NoamSchedule(optimizer, shape)
-
-
-def cooldown_shape(step: int, last: int, fraction: float) -> float:
-    """1 until the last `fraction` of `last` updates, then falling linearly to 0 after update `last` (1-based
-    `step`): the rate of update s is scaled by (last - s + 1) / (fraction * last) there."""
-    span = fraction * last
-    if not fraction or last <= 0 or span < 1:
-        return 1.0
-    return min(1.0, max(last - step + 1, 0) / span)
-
-
-def _noam_lambda(step: int, warmup_steps: int, cooldown_fraction: float = 0.0, end=None) -> float:
-    shape = noam_shape(step + 1, warmup_steps)
-    if cooldown_fraction:
-        shape *= cooldown_shape(step + 1, int(end()), cooldown_fraction)
-    return shape
 
 
 @contextlib.contextmanager

@@ -10,7 +10,7 @@ calibration.py    an update measured before training, for every choice the recip
 trainer_speed.py  the Trainer's own work per update beyond it, on a short run of the real Trainer
 decode_speed.py   a decoding step's latency on a GPU, where decoding is bound by it
 costs.py          what a run's parts cost (decoding, validation, new shapes) and how many updates fit
-schedule.py       the §5.3 schedule in numbers: warmup, learning rate, event spacing
+schedule.py       the §5.3 schedule in numbers: warmup, learning rate, event spacing; the Trainer's scheduler
 plan.py           the plan (BudgetPlan), a value
 planner.py        make_plan: the plan from the settled run and its data, in steps that return values:
 measuring.py        measure: one model size's update, checkpoint and decoding step
@@ -27,11 +27,12 @@ from .applying import apply_plan
 from .calibration import COMPILE_AFTER_MINUTES, COMPILE_AFTER_UPDATES, UpdateChoices, trainer_optimizer
 from .clock import BudgetClock, BudgetError
 from .deadline import TimeBudgetCallback, TrainingEnd
+from .fitting import updates_per_epoch
 from .plan import Budgeted, BudgetPlan
 from .planner import make_plan
 from .record import remove_plan
 from .replanning import Switch
-from .schedule import RateRule, updates_per_epoch
+from .schedule import RateRule, check_cooldown_fraction, noam_schedule
 
 
 __all__ = [
@@ -47,7 +48,9 @@ __all__ = [
     "TrainingEnd",
     "UpdateChoices",
     "apply_plan",
+    "check_cooldown_fraction",
     "make_plan",
+    "noam_schedule",
     "remove_plan",
     "trainer_optimizer",
     "updates_per_epoch",

@@ -3,7 +3,7 @@ nowhere else (the run's Trainer, `training/building.py`, and the Trainer's trial
 `apply_plan`; the Trainer's state follows the plan in the budget's callback, `deadline.py`).
 
 The §5.3 rate reaches the Trainer as the plan's peak (`learning_rate`) and its warmup: the Trainer's schedule
-(`trainer.noam_schedule`) is the shape of eq. 3 normalised to 1 at the end of warmup, so no factor is applied twice.
+(`schedule.noam_schedule`) is the shape of eq. 3 normalised to 1 at the end of warmup, so no factor is applied twice.
 
 Each decision is a rule (`RULES`): a function of the plan that sets what it decides on the Trainer's copy of the
 arguments and, where given, on the model. A new decision is one rule and its line in `RULES` (docs/layout.md,

@@ -1,6 +1,6 @@
 """Measuring, before training, what a run will cost on this machine: the time of an update (forward, backward, Adam)
-for each precision, attention implementation, compilation and batch size the recipe leaves open, and the time of a
-checkpoint.
+for each precision, attention implementation, compilation and batch size the recipe leaves open (a checkpoint's time
+is `measuring.py`'s).
 
 The clock is read the way the Trainer pays:
 
@@ -26,9 +26,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -363,16 +361,6 @@ def trainer_optimizer(args) -> Callable:
 
     optimizer_class, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
     return lambda parameters: optimizer_class(parameters, **kwargs)
-
-
-def measure_checkpoint_seconds(model: torch.nn.Module) -> float:
-    """Seconds to write the model and an Adam state of its size, as a checkpoint does."""
-    state = {name: (torch.zeros_like(p), torch.zeros_like(p)) for name, p in model.named_parameters()}
-    with tempfile.TemporaryDirectory() as folder:
-        began = time.perf_counter()
-        model.save_pretrained(folder)
-        torch.save(state, os.path.join(folder, "optimizer.pt"))
-        return time.perf_counter() - began
 
 
 def _choice_reasons(choices: UpdateChoices, device, lists, timings, chosen: Candidate) -> list[str]:

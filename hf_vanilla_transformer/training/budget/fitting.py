@@ -1,8 +1,9 @@
 """What a measured update fits into the budget, as functions of the plan's inputs (`PlanInputs`, read once from the
 settled run and its prepared data): an update's time from a batch's, what a run of so many updates pays for its new
 batch shapes, the updates that fit the time left once the checkpoints, validations and the test decoding are paid
-for (`updates_for_budget`), the largest batch size that reaches `min_updates` (`fit`), and the calibration's order
-of its candidates (`rank`)."""
+for (`updates_for_budget`), the largest batch size that reaches `min_updates` (`fit`), the calibration's order
+of its candidates (`rank`), the updates in an epoch (`updates_per_epoch`) and the most a budgeted run may be
+re-planned to (`replan_bound`), which the Trainer runs to (`applying.apply_plan`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass, replace
 from .calibration import Timing
 from .clock import BudgetClock
 from .costs import BudgetFit, BudgetRules, FitSeconds, HeldOut, ReplanRoom, updates_that_fit
-from .schedule import EventRule, replan_bound, updates_per_epoch
+from .schedule import EventRule
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,21 @@ def run_rules(settings, data) -> BudgetRules:
     )
 
 
+def updates_per_epoch(batches: int, accumulation: int, world_size: int) -> int:
+    """Updates in an epoch of `batches` batches, `accumulation` batches per update in each of `world_size`
+    processes."""
+    return max(1, math.ceil(batches / (accumulation * max(1, world_size))))
+
+
+def replan_bound(max_steps: int, epoch_updates: int, max_epochs: float | None) -> int:
+    """The most updates a budgeted run may be re-planned to: its epoch cap, else ten times its plan."""
+    bound = math.floor(max_epochs * epoch_updates) if max_epochs is not None else 10 * max_steps
+    return max(bound, max_steps)
+
+
 def epoch_updates(inputs: PlanInputs, max_tokens: int) -> int:
     update = inputs.settings.updates[max_tokens]
-    return updates_per_epoch(inputs.data.epoch_batches(max_tokens), update.accumulation, update.world_size)
+    return updates_per_epoch(len(inputs.data.batches.of(max_tokens)), update.accumulation, update.world_size)
 
 
 def first_costs(inputs: PlanInputs, timing: Timing, max_tokens: int, updates: int) -> float:
@@ -66,7 +79,7 @@ def first_costs(inputs: PlanInputs, timing: Timing, max_tokens: int, updates: in
     if updates <= 0:
         return 0.0
     batches = updates * inputs.settings.updates[max_tokens].accumulation
-    return timing.once + timing.per_shape * inputs.data.shapes_met(max_tokens, batches, inputs.multiple)
+    return timing.once + timing.per_shape * inputs.data.batches.of(max_tokens).shapes_met(batches, inputs.multiple)
 
 
 def per_update(inputs: PlanInputs, timing: Timing, max_tokens: int, updates: int) -> float:
@@ -157,13 +170,13 @@ def replan_rules(inputs: PlanInputs, plan) -> BudgetRules:
     """What the re-plans of `plan` (its updates of its batches, a checkpoint every so many) count with: the rules,
     with its room to re-plan into, its first check (halfway to the first checkpoint, at most after 200 updates), its
     batch shapes and the decoding step it measured (a GPU's)."""
-    data, multiple = inputs.data, inputs.multiple
+    samplers, multiple = inputs.data.batches, inputs.multiple
     size, max_steps, save_steps = plan.choice.max_tokens, plan.schedule.max_steps, plan.schedule.save_steps
     room = ReplanRoom(
         max_updates=replan_bound(max_steps, epoch_updates(inputs, size), inputs.rules.max_epochs),
         first_check=min(200, max(1, save_steps // 2)),
         accumulation=inputs.settings.updates[size].accumulation,
-        shapes_met=lambda count: data.shapes_met(size, count, multiple),
+        shapes_met=lambda count: samplers.of(size).shapes_met(count, multiple),
     )
     costs = plan.costs  # the chosen size's decoding step, measured on a GPU
     steps = replace(

@@ -5,10 +5,16 @@ a batch at each batch size (`calibration.py`), a checkpoint's seconds, and on a 
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
+import time
 from dataclasses import replace
 from typing import NamedTuple
 
-from .calibration import Calibration, Candidate, Measurement, measure_checkpoint_seconds
+import torch
+
+from ...data.collating import collate_rows, measured_batches, training_collator
+from .calibration import Calibration, Candidate, Measurement
 from .costs import BudgetRules, decoding_steps, validation_decoding_steps
 from .decode_speed import measure_decode_step, median_batch
 from .fitting import PlanInputs, rank
@@ -27,10 +33,10 @@ class Sized(NamedTuple):
 def calibration_of(inputs: PlanInputs, model) -> Calibration:
     """The calibration of `model`'s updates on real training batches of the run."""
     settings, data, multiple = inputs.settings, inputs.data, inputs.multiple
-    collator = data.collator(model.config, settings.device)
+    collator = training_collator(data.tokenizer, model.config, settings.device)
 
     def sample(max_tokens: int, count: int, taken: set) -> list[dict]:
-        return data.collate(data.sample_batches(max_tokens, count, taken, multiple), collator)
+        return collate_rows(data.train, measured_batches(data.batches.of(max_tokens), count, multiple, taken), collator)
 
     mode = getattr(settings.args, "torch_compile_mode", None)
     return Calibration(settings.choices, settings.device, sample, settings.optimizer, mode)
@@ -65,7 +71,18 @@ def measure_size(
 
 
 def checkpoint_seconds(inputs: PlanInputs, model) -> float:
-    return measure_checkpoint_seconds(model) if inputs.rules.checkpoints else 0.0
+    """A checkpoint's seconds where the run spaces its checkpoints per run (which the plan pays), else 0."""
+    return measure_checkpoint_seconds(model) if inputs.rules.events.checkpoints_per_run else 0.0
+
+
+def measure_checkpoint_seconds(model: torch.nn.Module) -> float:
+    """Seconds to write the model and an Adam state of its size, as a checkpoint does."""
+    state = {name: (torch.zeros_like(p), torch.zeros_like(p)) for name, p in model.named_parameters()}
+    with tempfile.TemporaryDirectory() as folder:
+        began = time.perf_counter()
+        model.save_pretrained(folder)
+        torch.save(state, os.path.join(folder, "optimizer.pt"))
+        return time.perf_counter() - began
 
 
 def measure_decoding(inputs: PlanInputs, model, measurement: Measurement) -> tuple[float, float]:

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
+from ...data.collating import collate_rows, measured_batches, training_collator
 from ...utils.device import synchronizer
 from .applying import apply_plan
 from .calibration import Candidate, _Copy, measure_updates
@@ -158,9 +159,10 @@ def trainer_trial(
     updates, mode = len(batches) // accumulation, getattr(args, "torch_compile_mode", None)
     if updates <= CPU_WARM:
         raise RuntimeError(f"{len(batches)} batches of distinct shapes make too few updates of {accumulation}")
-    collator = data.collator(model.config, device)
-    collated = [{k: v.to(device) for k, v in batch.items()} for batch in data.collate(batches, collator)]
+    collator = training_collator(data.tokenizer, model.config, device)
+    collated = [{k: v.to(device) for k, v in batch.items()} for batch in collate_rows(data.train, batches, collator)]
     watch, rounds = _watch(model, candidate, collated, accumulation, optimizer, mode)
+    loop = {"train_dataset": data.train, "data_collator": collator, "batch_sampler": _FixedBatches(batches, rounds)}
     trial = copy.deepcopy(model).train()
     # The trial's plan: the candidate, its length all warmup at a rate too small to move the copy, no events.
     length, update = updates * rounds, {"precision": precision, "attn_implementation": attention}
@@ -169,16 +171,16 @@ def trainer_trial(
     with _random_state_kept(), tempfile.TemporaryDirectory() as folder:
         trial_args.output_dir, trial_args.report_to = folder, []
         trial_args.save_strategy = trial_args.eval_strategy = "no"
-        loop = {"train_dataset": data.train, "data_collator": collator, "batch_sampler": _FixedBatches(batches, rounds)}
-        trainer = trainer_class(model=trial, args=trial_args, callbacks=[watch], **loop)
-        _train(trainer, compiled)
-        del trainer, trial
+        _train(trainer_class, dict(model=trial, args=trial_args, callbacks=[watch], **loop), compiled)
+        del trial
         gc.collect()
     return watch.trial()
 
 
-def _train(trainer, compiled: bool) -> None:
-    """The trial's training, its Trainer freed after (and a compiled step's graphs)."""
+def _train(trainer_class: type, arguments: dict, compiled: bool) -> None:
+    """The trial's Trainer (`trainer_class` built with `arguments`) trained without its printed progress, and freed
+    after (and a compiled step's graphs)."""
+    trainer = trainer_class(**arguments)
     trainer.pop_callback(PrinterCallback)
     trainer.pop_callback(ProgressCallback)
     try:
@@ -224,7 +226,8 @@ def trainer_ratio(inputs, sized, fit) -> tuple[float, list[str], TrainerTrial | 
         why = "under several processes" if settings.world_size > 1 else "(no Trainer given to the plan)"
         return 1.0, [f"the Trainer's update not measured before training {why}"], None
     accumulation = settings.updates[fit.max_tokens].accumulation
-    batches = inputs.data.sample_batches(fit.max_tokens, TRIAL_BATCHES * accumulation, set(), inputs.multiple)
+    sampler = inputs.data.batches.of(fit.max_tokens)
+    batches = measured_batches(sampler, TRIAL_BATCHES * accumulation, inputs.multiple, set())
     try:
         trial = trainer_trial(
             sized.model, sized.measurement.fixed, batches, inputs.data, settings.args, accumulation,
