@@ -33,16 +33,10 @@ from hf_vanilla_transformer.training.budget.costs import (
     decoding_steps_ratio,
     updates_that_fit,
 )
-from hf_vanilla_transformer.training.budget.deadline import Replan, TimeBudgetCallback
+from hf_vanilla_transformer.training.budget.deadline import WARM_UPDATES, Replan, TimeBudgetCallback, UpdateMeter
 from hf_vanilla_transformer.training.budget.plan import BudgetPlan
 from hf_vanilla_transformer.training.budget.record import recorded_plan
-from hf_vanilla_transformer.training.budget.replanning import (
-    WARM_UPDATES,
-    Switch,
-    UpdateMeter,
-    better_candidate,
-    refit,
-)
+from hf_vanilla_transformer.training.budget.replanning import Switch, better_candidate, refit
 from hf_vanilla_transformer.training.budget.schedule import EventRule, event_spacing, spacing_for, warmup_for
 from hf_vanilla_transformer.training.checkpoints import latest_checkpoint
 from hf_vanilla_transformer.training.choices import preset_choices

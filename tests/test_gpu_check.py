@@ -293,6 +293,7 @@ def stand_in_clone(tmp_path, tests: str):
     return clone, folder, env
 
 
+@pytest.mark.slow  # two pytest worker processes started (about 20 s on a 2-core machine)
 @pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
 def test_the_gpu_tests_run_in_parallel_processes_and_a_failure_is_counted_and_kept_once(tmp_path):
     """Two tests run in two worker processes, and a failure's traceback is

@@ -371,6 +371,7 @@ def test_the_replans_count_with_the_decoding_step_the_plan_measured():
     settings = types.SimpleNamespace(
         updates={1024: types.SimpleNamespace(accumulation=1, world_size=1)}, device=torch.device("cuda")
     )
+
     class Sampler:  # an epoch of 100 batches, of shapes all met before
         def __len__(self):
             return 100

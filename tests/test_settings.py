@@ -13,8 +13,9 @@ import torch
 from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
 from hf_vanilla_transformer.training.budget import BudgetPlan, apply_plan
 from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, RESTART_SECONDS, SAFETY, BudgetClock
+from hf_vanilla_transformer.training.budget.deadline import events_due
 from hf_vanilla_transformer.training.budget.fitting import replan_bound
-from hf_vanilla_transformer.training.budget.schedule import RateRule, events_due, learning_rate
+from hf_vanilla_transformer.training.budget.schedule import RateRule, learning_rate
 from hf_vanilla_transformer.training.recipes import parse_run
 from hf_vanilla_transformer.training.settings import settle, update_choices, update_size
 

@@ -20,13 +20,12 @@ from hf_vanilla_transformer.training.arguments import (
     TransformerTrainingArguments,
     check_recipe_arguments,
     check_schedule_arguments,
-    parse_config_overrides,
 )
 from hf_vanilla_transformer.training.averaging import average_checkpoints, average_last_checkpoints, checkpoint_folders
 from hf_vanilla_transformer.training.budget.schedule import cooldown_shape, noam_schedule, noam_shape
 from hf_vanilla_transformer.training.callbacks import TrainingProgressCallback
 from hf_vanilla_transformer.training.choices import length_penalty_choices
-from hf_vanilla_transformer.training.models import build_model
+from hf_vanilla_transformer.training.models import build_model, parse_config_overrides
 from hf_vanilla_transformer.training.run import prepare_run
 from hf_vanilla_transformer.training.settings import settle
 

@@ -13,11 +13,12 @@ from transformers import (
     Seq2SeqTrainingArguments,
 )
 
-from ..model.configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from ..model.configuration_vanilla_transformer import PRESETS
 from ..utils.redact import is_secret_flag
 from .averaging import AVERAGE_WINDOW
 from .budget import check_cooldown_fraction
 from .choices import budgeted, length_penalty_choices, preset_choices, token_choices
+from .models import parse_config_overrides
 
 
 logger = logging.getLogger(__name__)
@@ -311,38 +312,6 @@ def check_schedule_arguments(args: TransformerTrainingArguments) -> None:
             f"lr_scheduler_type={args.lr_scheduler_type!r} is not supported: training always uses the §5.3 schedule "
             "(warmup_steps, lr_scale)."
         )
-
-
-def parse_config_overrides(text: str | None) -> dict:
-    """`'d_model=192,encoder_layers=2'` as `{"d_model": 192, "encoder_layers": 2}`, each value of its field's type in
-    the config; a ValueError names a pair that is not `name=value`, an unknown field or a value of the wrong kind."""
-    if not text:
-        return {}
-    defaults = VanillaTransformerConfig().to_dict()
-    overrides = {}
-    for pair in text.split(","):
-        name, equals, value = (part.strip() for part in pair.partition("="))
-        if not equals or not name or not value:
-            raise ValueError(f"config_overrides: {pair.strip()!r} is invalid; expected name=value.")
-        if name not in defaults:
-            raise ValueError(f"config_overrides: {name!r} is not a field of VanillaTransformerConfig.")
-        default = defaults[name]
-        try:
-            if isinstance(default, bool):
-                if value.lower() not in ("true", "false"):
-                    raise ValueError
-                overrides[name] = value.lower() == "true"
-            elif isinstance(default, (int, float)) and not isinstance(default, bool):
-                overrides[name] = float(value) if "." in value or "e" in value.lower() else int(value)
-            elif default is None:
-                overrides[name] = int(value) if value.lstrip("-").isdigit() else value
-            else:
-                overrides[name] = type(default)(value)
-        except ValueError:
-            raise ValueError(
-                f"config_overrides: {name}={value!r} is invalid; expected a {type(default).__name__}."
-            ) from None
-    return overrides
 
 
 def check_run_arguments(recipe: ModelDataArguments, args: TransformerTrainingArguments) -> None:

@@ -1,4 +1,5 @@
-"""The model a run trains: a new one of a preset's size with the run's vocabulary, or a saved one to fine-tune."""
+"""The model a run trains: a new one of a preset's size with the run's vocabulary (and the config overrides of its
+recipe, `parse_config_overrides`), or a saved one to fine-tune."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from transformers import set_seed
 from ..data.tokenizer import check_special_tokens
 from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from .arguments import parse_config_overrides
 
 
 def build_model(recipe, tokenizer, preset: str | None = None, seed: int | None = None):
@@ -38,6 +38,38 @@ def build_model(recipe, tokenizer, preset: str | None = None, seed: int | None =
         model.set_attn_implementation(recipe.attn_implementation)
     check_special_tokens(tokenizer, model.config)
     return model
+
+
+def parse_config_overrides(text: str | None) -> dict:
+    """`'d_model=192,encoder_layers=2'` as `{"d_model": 192, "encoder_layers": 2}`, each value of its field's type in
+    the config; a ValueError names a pair that is not `name=value`, an unknown field or a value of the wrong kind."""
+    if not text:
+        return {}
+    defaults = VanillaTransformerConfig().to_dict()
+    overrides = {}
+    for pair in text.split(","):
+        name, equals, value = (part.strip() for part in pair.partition("="))
+        if not equals or not name or not value:
+            raise ValueError(f"config_overrides: {pair.strip()!r} is invalid; expected name=value.")
+        if name not in defaults:
+            raise ValueError(f"config_overrides: {name!r} is not a field of VanillaTransformerConfig.")
+        default = defaults[name]
+        try:
+            if isinstance(default, bool):
+                if value.lower() not in ("true", "false"):
+                    raise ValueError
+                overrides[name] = value.lower() == "true"
+            elif isinstance(default, (int, float)) and not isinstance(default, bool):
+                overrides[name] = float(value) if "." in value or "e" in value.lower() else int(value)
+            elif default is None:
+                overrides[name] = int(value) if value.lstrip("-").isdigit() else value
+            else:
+                overrides[name] = type(default)(value)
+        except ValueError:
+            raise ValueError(
+                f"config_overrides: {name}={value!r} is invalid; expected a {type(default).__name__}."
+            ) from None
+    return overrides
 
 
 # What a saved configuration may hold that names code to run where a folder is loaded with `trust_remote_code=True`.

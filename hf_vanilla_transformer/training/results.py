@@ -46,12 +46,13 @@ def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunO
     prepared data, `training` its Trainer and callbacks, `end` how training ended; publishable: no token, no local
     path but its name (utils/redact.py), test examples of the user's own files only where asked
     (`RunSettings.publishes_examples`)."""
+    corpus, asked = settings.corpus_name, settings.asked()
     results = {
         "name": Path(settings.output_dir).name,
         "parameters": describe_parameters(model),
         "model": model.config.to_dict(),
-        "data": _data(data, settings.corpus_name, len(training.trainer.train_dataset)),
-        "recipe": settings.asked(),
+        "data": _data(data, corpus, len(training.trainer.train_dataset)),
+        "recipe": asked,
         "training": _training(training.trainer, end.measured_seconds_per_update, end.plan.choice.precision, outcome),
         "plan": {
             **end.plan.to_dict(),

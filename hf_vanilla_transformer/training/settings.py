@@ -20,9 +20,10 @@ import torch
 from ..data.batching import accumulation_steps
 from ..model.configuration_vanilla_transformer import PRESETS
 from ..utils.device import attention_choices, check_precision, device_precisions, training_device
-from .arguments import ModelDataArguments, TransformerTrainingArguments, check_run_arguments, parse_config_overrides
+from .arguments import ModelDataArguments, TransformerTrainingArguments, check_run_arguments
 from .budget import COMPILE_AFTER_MINUTES, COMPILE_AFTER_UPDATES, RateRule, UpdateChoices, trainer_optimizer
 from .choices import budgeted, length_penalty_choices, preset_choices, token_choices
+from .models import parse_config_overrides
 
 
 @dataclass(frozen=True)

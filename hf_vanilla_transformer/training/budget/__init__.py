@@ -16,8 +16,9 @@ planner.py        make_plan: the plan from the settled run and its data, in step
 measuring.py        measure: one model size's update, checkpoint and decoding step
 fitting.py          fit: what a measured update fits into the budget, from the plan's inputs (PlanInputs)
 applying.py       the plan's decisions on the Trainer's arguments and the model: their one place
-replanning.py     the length re-fitted from the Trainer's own updates; a switch to another choice; the meter
-deadline.py       the budget's callback: the deadline, the re-plans and the spacing, as decisions it returns
+replanning.py     the length re-fitted from the Trainer's own updates; a switch to another choice
+deadline.py       the budget's callback: the deadline, the re-plans and the spacing, as decisions it returns;
+                  the Trainer's own updates and pauses it measures (UpdateMeter)
 record.py         the plan on disk: budget.json and the plan in each checkpoint
 
 (Where and how an update runs, the device and each precision's context, is the package's: `utils/device.py`.)

@@ -4,14 +4,16 @@ After each update and each validation it decides, as typed values: a new plan (`
 decoding predicted anew), a stop at the deadline (`Stop`), a start again with another choice (`replanning.Switch`).
 It acts on the Trainer's state and control for the first two; the run (`training/run.py`) reads how training ended
 from `TimeBudgetCallback.end()` (a `TrainingEnd`) and acts on a switch. Every process takes the main process's
-decisions, at the same update.
+decisions, at the same update. What it decides from, the Trainer's own seconds per update and its pauses, it
+measures itself (`UpdateMeter`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
@@ -22,13 +24,13 @@ from .clock import BudgetClock
 from .costs import BudgetRules, decoding_steps_ratio
 from .plan import BudgetPlan
 from .record import write_plan
-from .replanning import CHANGE_AT_LEAST, Switch, UpdateMeter, better_candidate, refit
-from .schedule import events_due, near_the_end
+from .replanning import CHANGE_AT_LEAST, Switch, better_candidate, refit
 
 
 logger = logging.getLogger(__name__)
 
 NEVER = 2**62  # a spacing of events that never comes
+WARM_UPDATES = 5  # the first updates after the start (or a resume) are not measured: first shapes, first touches
 
 
 @dataclass(frozen=True)
@@ -69,10 +71,86 @@ class TrainingEnd:
     capped_by_epochs: bool = False
 
 
+def near_the_end(step: int, end: int, spacing: int) -> bool:
+    """Whether the run's last update `end`, which saves and validates by the Trainer's own rule, is less than half an
+    event `spacing` away from `step`: a spaced checkpoint or validation there would come twice at the run's end."""
+    return 0 < end - step < spacing / 2
+
+
+def events_due(
+    step: int, end: int, since_save: int, since_validation: int, save: int, evaluate: int | None, validates: bool
+) -> tuple[bool, bool]:
+    """(checkpoint, validation) after update `step` of a run ending at `end`, `since_save` and `since_validation`
+    updates after the last of each: a checkpoint once the spacing `save` has passed since the last one; a validation
+    with it once its own spacing `evaluate` has (nearly) passed, or on its own where validations come more often than
+    checkpoints. Spaced from the last event, not at multiples of the spacing (a re-plan that changed the spacing
+    would add events there); never near the end (`near_the_end`): a re-planned length once put a checkpoint and a
+    validation one update before the last, and the average took the run's end twice."""
+    if step >= end:
+        return False, False
+    saving = since_save >= save and not near_the_end(step, end, save)
+    if not evaluate or not validates:
+        return saving, False
+    due = since_validation >= (evaluate - save / 2 if evaluate >= save else evaluate)
+    alone = evaluate < save and not near_the_end(step, end, evaluate)
+    return saving, due and (saving or alone)
+
+
+@dataclass
+class UpdateMeter:
+    """The Trainer's own seconds per update, apart from validation and checkpoint pauses, and each pause's seconds.
+
+    `step()` at every update's end, `pause(kind)` at the end of a validation or a checkpoint (both run between one
+    update's end and the next update). The first `WARM_UPDATES` after `start()` are not counted."""
+
+    clock: object = time.monotonic
+    first: int = 0
+    mark: float = 0.0
+    seconds: float = 0.0
+    updates: int = 0
+    pauses: dict = field(default_factory=lambda: {"validation": [], "checkpoint": []})
+
+    @property
+    def counted_from(self) -> int:
+        """The update after which the meter counts (the warm ones apart)."""
+        return self.first + WARM_UPDATES
+
+    def start(self, step: int) -> None:
+        self.first, self.mark, self.seconds, self.updates = step, self.clock(), 0.0, 0
+
+    def step(self, step: int) -> None:
+        now = self.clock()
+        if step > self.first + WARM_UPDATES:
+            self.seconds += now - self.mark
+            self.updates += 1
+        self.mark = now
+
+    def pause(self, kind: str) -> float:
+        now = self.clock()
+        self.pauses[kind].append(now - self.mark)
+        self.mark = now
+        return self.pauses[kind][-1]
+
+    @property
+    def seconds_per_update(self) -> float | None:
+        return self.seconds / self.updates if self.updates else None
+
+    def typical_pause(self, kind: str, estimate: float) -> float:
+        """The mean measured seconds of a `kind` pause, or `estimate` before the first one."""
+        measured = self.pauses[kind]
+        return sum(measured) / len(measured) if measured else estimate
+
+    def latest_pause(self, kind: str, estimate: float) -> float:
+        """The last measured seconds of a `kind` pause, or `estimate` before the first one: a validation's decoding
+        shortens as the model learns to end its sentences (the first, of a model that ends none, is the longest)."""
+        measured = self.pauses[kind]
+        return measured[-1] if measured else estimate
+
+
 class TimeBudgetCallback(TrainerCallback, ExportableState):
     """The budgeted run's length (see the module docstring): carries the plan into every checkpoint's trainer
     state, re-plans the length from the run's own updates (`replanning.py`: after `rules.room.first_check` updates and
-    after every validation), spaces its checkpoints and validations from the last one (`schedule.events_due`), and
+    after every validation), spaces its checkpoints and validations from the last one (`events_due`), and
     stops the run at its deadline should the machine turn slower than it measured: the run then ends early, saved,
     rather than late. A callback without a `clock` (a given length, or a resumed run rebuilt from its checkpoint
     with the plan alone, whose budget was spent by the interrupted run) keeps its plan's length and spacing."""

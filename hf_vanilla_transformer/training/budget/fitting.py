@@ -13,8 +13,7 @@ from dataclasses import dataclass, replace
 
 from .calibration import Timing
 from .clock import BudgetClock
-from .costs import BudgetFit, BudgetRules, FitSeconds, HeldOut, ReplanRoom, updates_that_fit
-from .schedule import EventRule
+from .costs import BudgetFit, BudgetRules, FitSeconds, ReplanRoom, updates_that_fit
 
 
 @dataclass(frozen=True)
@@ -34,26 +33,6 @@ class PlanInputs:
     multiple: int = 1
     build: Callable[[str], object] | None = None
     trainer_class: type | None = None
-
-
-def run_rules(settings, data) -> BudgetRules:
-    """What a run counts with beside an update's time (`BudgetRules`), from its settings and its held-out splits:
-    its events, whether it validates, the held-out work, `min_updates` and the epoch cap."""
-    recipe, args, validation = settings.recipe, settings.args, data.validation_pairs
-    held_out = HeldOut(
-        validation_pairs=validation or 0,
-        test_sentences=data.test_pairs + (len(settings.alphas) * validation if validation is not None else 0),
-        test_beams=recipe.test_beams,
-        validation_beams=args.generation_num_beams or 1,
-        source_check=recipe.source_check != "off",
-    )
-    return BudgetRules(
-        events=EventRule(recipe.checkpoints_per_run, recipe.evaluations_per_run, args.save_steps, args.eval_steps),
-        validates=settings.validates and validation is not None,
-        held_out=held_out,
-        min_updates=recipe.min_updates,
-        max_epochs=recipe.max_epochs,
-    )
 
 
 def updates_per_epoch(batches: int, accumulation: int, world_size: int) -> int:

@@ -23,13 +23,13 @@ from ...utils.distributed import main_process_value, result_or_error
 from ...utils.machine import describe_device
 from .calibration import Measurement, Timing
 from .clock import BudgetClock, BudgetError
-from .costs import BudgetFit
-from .fitting import PlanInputs, epoch_updates, fit, may_reach, per_update, replan_rules, run_rules, update_timing
+from .costs import BudgetFit, BudgetRules, HeldOut
+from .fitting import PlanInputs, epoch_updates, fit, may_reach, per_update, replan_rules, update_timing
 from .measuring import Sized, calibration_of, decoding_on_gpu, measure_size
 from .plan import Budgeted, BudgetPlan
 from .record import complete_recorded_plan, recorded_plan, write_plan
 from .replanning import Switch
-from .schedule import event_spacing, learning_rate, warmup_for
+from .schedule import EventRule, event_spacing, learning_rate, warmup_for
 from .trainer_speed import trainer_ratio
 
 
@@ -89,6 +89,26 @@ def plan_inputs(settings, data, clock: BudgetClock, build=None, trainer_class=No
         rules = decoding_on_gpu(rules, data, alphas, settings.device, eval_batch, settings.world_size)
     presets = tuple(settings.presets if build is not None else settings.presets[:1])
     return PlanInputs(settings, data, clock, rules, presets, pad_multiple(settings.device), build, trainer_class)
+
+
+def run_rules(settings, data) -> BudgetRules:
+    """What a run counts with beside an update's time (`BudgetRules`), from its settings and its held-out splits:
+    its events, whether it validates, the held-out work, `min_updates` and the epoch cap."""
+    recipe, args, validation = settings.recipe, settings.args, data.validation_pairs
+    held_out = HeldOut(
+        validation_pairs=validation or 0,
+        test_sentences=data.test_pairs + (len(settings.alphas) * validation if validation is not None else 0),
+        test_beams=recipe.test_beams,
+        validation_beams=args.generation_num_beams or 1,
+        source_check=recipe.source_check != "off",
+    )
+    return BudgetRules(
+        events=EventRule(recipe.checkpoints_per_run, recipe.evaluations_per_run, args.save_steps, args.eval_steps),
+        validates=settings.validates and validation is not None,
+        held_out=held_out,
+        min_updates=recipe.min_updates,
+        max_epochs=recipe.max_epochs,
+    )
 
 
 def plan_run(inputs: PlanInputs, model, restart: Switch | None = None) -> BudgetPlan:
@@ -228,6 +248,7 @@ def schedule(
     """The plan of a run of `max_steps` updates: the schedule follows from the length (warmup, checkpoint and
     validation spacing), the learning rate from the warmup, the update's tokens and the model's width."""
     settings, rules = inputs.settings, inputs.rules
+    place = where(settings.recipe.recipe, settings.device, settings.recipe.model_name_or_path)
     warmup = warmup_for(max_steps, settings.rate.warmup, settings.rate.max_warmup_fraction)
     save, evaluate = event_spacing(max_steps, rules.events)
     update = settings.updates[max_tokens]
@@ -245,7 +266,7 @@ def schedule(
         torch_compile=measurement.compiled,
         max_tokens=max_tokens,
         measured=measured,
-        reasons=[where(settings.recipe.recipe, settings.device, settings.recipe.model_name_or_path), *reasons, cadence],
+        reasons=[place, *reasons, cadence],
         gradient_accumulation_steps=update.accumulation,
         lr_scale=rate.lr_scale,
         peak_learning_rate=rate.peak,

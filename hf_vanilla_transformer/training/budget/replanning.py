@@ -23,7 +23,6 @@ change. A run given `--max_steps N` is never re-planned; a resumed run keeps the
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 from .calibration import Candidate, Measurement, Timing
@@ -35,7 +34,6 @@ from .schedule import event_spacing
 REFIT_ROUNDS = 3  # the fixed costs left depend on the length: a few rounds settle it
 CHANGE_AT_LEAST = 0.01  # a re-plan after a validation moves the length only if it moves it by this fraction
 SWITCH_BELOW = 0.9  # measured / planned seconds per update below which a larger choice is reconsidered
-WARM_UPDATES = 5  # the first updates after the start (or a resume) are not measured: first shapes, first touches
 
 
 def refit(
@@ -128,54 +126,3 @@ def better_candidate(
 
 def _epoch_cap(rules: BudgetRules, candidate: dict) -> float:
     return math.floor(rules.max_epochs * candidate["updates_per_epoch"]) if rules.max_epochs else math.inf
-
-
-@dataclass
-class UpdateMeter:
-    """The Trainer's own seconds per update, apart from validation and checkpoint pauses, and each pause's seconds.
-
-    `step()` at every update's end, `pause(kind)` at the end of a validation or a checkpoint (both run between one
-    update's end and the next update). The first `WARM_UPDATES` after `start()` are not counted."""
-
-    clock: object = time.monotonic
-    first: int = 0
-    mark: float = 0.0
-    seconds: float = 0.0
-    updates: int = 0
-    pauses: dict = field(default_factory=lambda: {"validation": [], "checkpoint": []})
-
-    @property
-    def counted_from(self) -> int:
-        """The update after which the meter counts (the warm ones apart)."""
-        return self.first + WARM_UPDATES
-
-    def start(self, step: int) -> None:
-        self.first, self.mark, self.seconds, self.updates = step, self.clock(), 0.0, 0
-
-    def step(self, step: int) -> None:
-        now = self.clock()
-        if step > self.first + WARM_UPDATES:
-            self.seconds += now - self.mark
-            self.updates += 1
-        self.mark = now
-
-    def pause(self, kind: str) -> float:
-        now = self.clock()
-        self.pauses[kind].append(now - self.mark)
-        self.mark = now
-        return self.pauses[kind][-1]
-
-    @property
-    def seconds_per_update(self) -> float | None:
-        return self.seconds / self.updates if self.updates else None
-
-    def typical_pause(self, kind: str, estimate: float) -> float:
-        """The mean measured seconds of a `kind` pause, or `estimate` before the first one."""
-        measured = self.pauses[kind]
-        return sum(measured) / len(measured) if measured else estimate
-
-    def latest_pause(self, kind: str, estimate: float) -> float:
-        """The last measured seconds of a `kind` pause, or `estimate` before the first one: a validation's decoding
-        shortens as the model learns to end its sentences (the first, of a model that ends none, is the longest)."""
-        measured = self.pauses[kind]
-        return measured[-1] if measured else estimate

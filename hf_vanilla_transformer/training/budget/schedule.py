@@ -1,6 +1,6 @@
 """The §5.3 schedule of a run of a given length, in numbers, one function per decision: the warmup (`warmup_for`),
 the learning rate and the batch it was named for (`learning_rate`), the spacing of checkpoints and validations
-(`event_spacing`) and when each comes (`events_due`).
+(`event_spacing`; when each comes is the budget's callback's: `deadline.events_due`).
 
 The rate in one place: the peak is decided here (`learning_rate`), reaches the Trainer as its `learning_rate`
 (`applying.rate`), and the Trainer's scheduler is the shape of each update here (`noam_schedule`: eq. 3 normalised
@@ -120,31 +120,6 @@ def event_spacing(max_steps: int, rule: EventRule) -> tuple[int, int | None]:
     else:
         evaluate = int(rule.eval_steps) if rule.eval_steps else None
     return save, evaluate
-
-
-def near_the_end(step: int, end: int, spacing: int) -> bool:
-    """Whether the run's last update `end`, which saves and validates by the Trainer's own rule, is less than half an
-    event `spacing` away from `step`: a spaced checkpoint or validation there would come twice at the run's end."""
-    return 0 < end - step < spacing / 2
-
-
-def events_due(
-    step: int, end: int, since_save: int, since_validation: int, save: int, evaluate: int | None, validates: bool
-) -> tuple[bool, bool]:
-    """(checkpoint, validation) after update `step` of a run ending at `end`, `since_save` and `since_validation`
-    updates after the last of each: a checkpoint once the spacing `save` has passed since the last one; a validation
-    with it once its own spacing `evaluate` has (nearly) passed, or on its own where validations come more often than
-    checkpoints. Spaced from the last event, not at multiples of the spacing (a re-plan that changed the spacing
-    would add events there); never near the end (`near_the_end`): a re-planned length once put a checkpoint and a
-    validation one update before the last, and the average took the run's end twice."""
-    if step >= end:
-        return False, False
-    saving = since_save >= save and not near_the_end(step, end, save)
-    if not evaluate or not validates:
-        return saving, False
-    due = since_validation >= (evaluate - save / 2 if evaluate >= save else evaluate)
-    alone = evaluate < save and not near_the_end(step, end, evaluate)
-    return saving, due and (saving or alone)
 
 
 def check_cooldown_fraction(fraction: float) -> None:
