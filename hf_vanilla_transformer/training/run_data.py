@@ -43,9 +43,9 @@ class PreparedData:
     evaluation: object | None
     batches: BatchSamplers
     clock: SetupClock
-    test: object = None  # datasets.Dataset
-    test_pairs: int = 0
-    validation_pairs: int | None = None
+    test: object  # datasets.Dataset
+    test_pairs: int
+    validation_pairs: int | None
 
 
 def prepare_data(settings, budget: BudgetClock, clock: SetupClock) -> PreparedData:
