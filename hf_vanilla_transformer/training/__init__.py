@@ -5,10 +5,10 @@ arguments.py    the run's arguments (model, data, recipe; the paper's Adam), eve
 choices.py      the lists a run chooses from (sizes, batches, alphas), settled against the command line
 settings.py     the run settled once: a frozen RunSettings of every decision its arguments alone make
 run.py          the whole run: settle -> data -> plan -> Trainer -> train -> average -> alpha -> test -> folder
-run_data.py     corpus -> tokenizer -> tokenized split -> batches and their collator (PreparedData), once
+run_data.py     corpus -> tokenizer -> tokenized split -> batches, held-out counts (PreparedData), once
 models.py       the model trained: a preset's new one, or a saved one to fine-tune
 building.py     the Trainer of a plan with its callbacks
-trainer.py      the Trainer: §5.3 schedule, token-budget batches, checkpoints marked complete
+trainer.py      the Trainer: the §5.3 schedule (the budget's), token-budget batches, checkpoints marked complete
 callbacks.py    checkpoints every few minutes, the set-up clock's first update, the progress line
 collapse.py     the guard against a model that stopped using its source
 checkpoints.py  checkpoint folders and the `.complete` protocol

@@ -43,7 +43,7 @@ class PreparedData:
     evaluation: object | None
     batches: BatchSamplers
     clock: SetupClock
-    test: object  # datasets.Dataset
+    test: object  # datasets.Dataset (`hold_out` gives every corpus one)
     test_pairs: int
     validation_pairs: int | None
 

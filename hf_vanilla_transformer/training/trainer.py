@@ -1,7 +1,8 @@
-"""The Trainer of the paper's recipe: the §5.3 learning-rate schedule, token-budget batches (§5.1), evaluation batches
-sorted by length, and checkpoints marked complete. On a GPU it keeps the device busy: batches prepared by worker
-processes into pinned memory, no host read of a tensor value in an update (the model's checks and padding skip step
-aside, the tokens seen are counted on the device and read at each log), TF32 where the plan chose it."""
+"""The Trainer of the paper's recipe: the §5.3 learning-rate schedule (`budget/schedule.py`'s), token-budget batches
+(§5.1), evaluation batches sorted by length, and checkpoints marked complete. On a GPU it keeps the device busy:
+batches prepared by worker processes into pinned memory, no host read of a tensor value in an update (the model's
+checks and padding skip step aside, the tokens seen are counted on the device and read at each log), TF32 where the
+plan chose it."""
 
 from __future__ import annotations
 

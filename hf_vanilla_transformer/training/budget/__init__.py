@@ -14,7 +14,8 @@ schedule.py       the §5.3 schedule in numbers: warmup, learning rate, event sp
 plan.py           the plan (BudgetPlan), a value
 planner.py        make_plan: the plan from the settled run and its data, in steps that return values:
 measuring.py        measure: one model size's update, checkpoint and decoding step
-fitting.py          fit: what a measured update fits into the budget, from the plan's inputs (PlanInputs)
+fitting.py          fit: what a measured update fits into the budget, from the plan's inputs (PlanInputs);
+                    the epoch's updates, the re-plans' bound
 applying.py       the plan's decisions on the Trainer's arguments and the model: their one place
 replanning.py     the length re-fitted from the Trainer's own updates; a switch to another choice
 deadline.py       the budget's callback: the deadline, the re-plans and the spacing, as decisions it returns;

@@ -16,7 +16,7 @@ The clock is read the way the Trainer pays:
    once (`once`: a compilation's first graphs);
 4. a candidate that fails (out of memory, a kernel the GPU lacks) is left out, with the reason.
 
-`planner.py` counts the shapes a run meets from its own batches, so the figures predict the Trainer's time. Every
+`fitting.py` counts the shapes a run meets from its own batches, so the figures predict the Trainer's time. Every
 measurement runs on copies of the model, which is left untouched where it is, as is the global random state: the run
 itself is exactly the one `--max_steps N` would give with the same N.
 """

@@ -19,8 +19,8 @@ from .costs import BudgetFit, BudgetRules, FitSeconds, ReplanRoom, updates_that_
 @dataclass(frozen=True)
 class PlanInputs:
     """What every step of a plan reads: the settled run (`training/settings.py`: its batch sizes (`token_sizes`) and
-    their updates, choices, device, rate), its prepared data (`training/run_data.py`: batches, shapes, the held-out
-    splits), the budget's clock, what the run counts with (`rules`; on a GPU with the batch a decoding step is
+    their updates, choices, device, rate), its prepared data (`training/run_data.py`: the batch samplers, the tokenized
+    split, the held-out counts), the budget's clock, what the run counts with (`rules`; on a GPU with the batch a decoding step is
     measured on), the model sizes it chooses among, what the batches' lengths are padded to a multiple of,
     `build(preset)` for the models of the other sizes (None: the first size only) and the run's Trainer class for
     its trial (None: no trial)."""
