@@ -109,6 +109,7 @@ def train_synthetic(
     return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
 
 
+@pytest.mark.slow  # a training run in a subprocess (about 14 s on a 2-core machine)
 def test_a_tiny_model_driven_into_the_collapse_is_stopped_and_named(tmp_path):
     """At lr_scale 1.5 (a peak of 0.053 for d_model 32; 0.2 trains it) the tiny model learns the target side alone:
     its source is worth nothing at its three validations after warmup, and the run stops there (update 180 of 300),

@@ -125,6 +125,7 @@ def test_compiled_decoding_steps_have_no_graph_break_and_give_the_eager_tokens(c
     assert torch.equal(generate(compiled_model, decoding, cache_implementation="static"), eager)
 
 
+@pytest.mark.slow  # three compilations of the decoding step (about 25 s on a 2-core machine)
 @pytest.mark.parametrize("decoding", ["greedy", "sampling", "beam_gnmt"])
 def test_transformers_own_compiled_decoding_gives_the_eager_tokens(decoding):
     """generate() compiles the decoding step itself when asked (a compilable cache and a `compile_config`; on a CPU

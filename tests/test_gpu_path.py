@@ -77,6 +77,7 @@ def with_held_out(rules: BudgetRules, **held_out) -> BudgetRules:
     return dataclasses.replace(rules, held_out=dataclasses.replace(rules.held_out, **held_out))
 
 
+@pytest.mark.slow  # a compiled training step (about 11 s on a 2-core machine)
 def test_tf32_is_set_in_one_state_both_apis_read_from_whatever_came_before_and_a_compiled_step_runs_in_it():
     result = subprocess.run([sys.executable, "-c", TF32_CHILD], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

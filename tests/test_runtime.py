@@ -37,6 +37,7 @@ def expected_cache() -> int | None:
     return primitive_cache_capacity(_total_memory_bytes(), 1)
 
 
+@pytest.mark.slow  # two script processes started (about 8 s on a 2-core machine)
 @needs_mimalloc
 def test_scripts_rerun_once_with_mimalloc_preloaded():
     unset = ("LD_PRELOAD", "MIMALLOC_PURGE_DELAY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LOCAL_WORLD_SIZE")
