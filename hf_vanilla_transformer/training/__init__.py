@@ -5,7 +5,7 @@ arguments.py    the run's arguments (model, data, recipe; the paper's Adam), eve
 choices.py      the lists a run chooses from (sizes, batches, alphas), settled against the command line
 settings.py     the run settled once: a frozen RunSettings of every decision its arguments alone make
 run.py          the whole run: settle -> data -> plan -> Trainer -> train -> average -> alpha -> test -> folder
-run_data.py     corpus -> tokenizer -> tokenized split -> batches, held-out counts (PreparedData), once
+run_data.py     corpus -> tokenizer -> tokenized split -> batches, the test split (PreparedData), once
 models.py       the model trained: a preset's new one, or a saved one to fine-tune
 building.py     the Trainer of a plan with its callbacks
 trainer.py      the Trainer: the §5.3 schedule (the budget's), token-budget batches, checkpoints marked complete

@@ -100,7 +100,7 @@ def _data(data, name: dict, train_pairs: int) -> dict:
         **name,
         "train_pairs": train_pairs,
         "validation_pairs": len(corpus["validation"]) if "validation" in corpus else 0,
-        "test_pairs": data.test_pairs,
+        "test_pairs": len(data.test),
         # local files: the lines of each that were no sentence pair, by reason (data/corpora.py)
         "skipped_lines": data.clock.stages.get("corpus", {}).get("skipped_lines", {}),
     }

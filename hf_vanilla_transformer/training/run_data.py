@@ -32,10 +32,9 @@ logger = logging.getLogger(__name__)
 class PreparedData:
     """What a run trains and evaluates on: the held-out splits as text (the training text is not kept once
     tokenized), the tokenizer, the tokenized training split and validation pairs (or None), the batch samplers, and
-    the set-up clock that timed them; with what the plan counts of them, as values: the test split (the validation
-    split where a corpus has none), its pairs, and the validation pairs evaluated during training (None: no
-    validation split). The plan reads the batches from the samplers themselves (`data.batching`) and collates them
-    as the Trainer does (`data.collating`)."""
+    the set-up clock that timed them, and the split the run is tested on. The plan counts the held-out pairs as the
+    lengths of these splits, reads the batches from the samplers themselves (`data.batching`) and collates them as
+    the Trainer does (`data.collating`)."""
 
     corpus: DatasetDict
     tokenizer: PreTrainedTokenizerFast
@@ -43,9 +42,7 @@ class PreparedData:
     evaluation: object | None
     batches: BatchSamplers
     clock: SetupClock
-    test: object  # datasets.Dataset (`hold_out` gives every corpus one)
-    test_pairs: int
-    validation_pairs: int | None
+    test: object  # datasets.Dataset: the test split, else the validation split (`hold_out` gives every corpus one)
 
 
 def prepare_data(settings, budget: BudgetClock, clock: SetupClock) -> PreparedData:
@@ -90,12 +87,8 @@ def prepare_data(settings, budget: BudgetClock, clock: SetupClock) -> PreparedDa
     evaluation = encoded.get("validation")
     if evaluation is not None and recipe.max_eval_samples is not None:
         evaluation = evaluation.select(range(min(recipe.max_eval_samples, len(evaluation))))
-    test = held_out["test"] if "test" in held_out else held_out.get("validation")
-    pairs = len(test) if test is not None else 0
-    validation_pairs = len(evaluation) if evaluation is not None else None
-    return PreparedData(
-        held_out, tokenizer, encoded["train"], evaluation, batches, clock, test, pairs, validation_pairs
-    )
+    test = held_out["test"] if "test" in held_out else held_out["validation"]
+    return PreparedData(held_out, tokenizer, encoded["train"], evaluation, batches, clock, test)
 
 
 def launch_tokenizer(train, output_dir: Path, bpe: tuple, rank: int, saves: bool):

@@ -19,11 +19,11 @@ from .costs import BudgetFit, BudgetRules, FitSeconds, ReplanRoom, updates_that_
 @dataclass(frozen=True)
 class PlanInputs:
     """What every step of a plan reads: the settled run (`training/settings.py`: its batch sizes (`token_sizes`) and
-    their updates, choices, device, rate), its prepared data (`training/run_data.py`: the batch samplers, the tokenized
-    split, the held-out counts), the budget's clock, what the run counts with (`rules`; on a GPU with the batch a decoding step is
-    measured on), the model sizes it chooses among, what the batches' lengths are padded to a multiple of,
-    `build(preset)` for the models of the other sizes (None: the first size only) and the run's Trainer class for
-    its trial (None: no trial)."""
+    their updates, choices, device, rate), its prepared data (`training/run_data.py`: the batch samplers, the
+    tokenized split, the held-out splits), the budget's clock, what the run counts with (`rules`; on a GPU with the
+    batch a decoding step is measured on), the model sizes it chooses among, what the batches' lengths are padded to
+    a multiple of, `build(preset)` for the models of the other sizes (None: the first size only) and the run's
+    Trainer class for its trial (None: no trial)."""
 
     settings: object
     data: object
@@ -99,7 +99,7 @@ def updates_for_budget(
         left, update, rules.checkpoints, checkpoint_seconds, rules.validations, validation,
         lambda updates: first_costs(inputs, timing, max_tokens, updates),
     )  # fmt: skip
-    choosing_alpha = bool(inputs.settings.alphas) and inputs.data.validation_pairs is not None
+    choosing_alpha = bool(inputs.settings.alphas) and inputs.data.evaluation is not None
     reason = (
         f"{fit:,} updates fit {left / 60:.1f} training minutes of the {inputs.settings.max_minutes:g}-minute budget "
         f"({update:.2f} s each; set-up so far {clock.spent() / 60:.1f} min, test decoding "

@@ -94,10 +94,11 @@ def plan_inputs(settings, data, clock: BudgetClock, build=None, trainer_class=No
 def run_rules(settings, data) -> BudgetRules:
     """What a run counts with beside an update's time (`BudgetRules`), from its settings and its held-out splits:
     its events, whether it validates, the held-out work, `min_updates` and the epoch cap."""
-    recipe, args, validation = settings.recipe, settings.args, data.validation_pairs
+    recipe, args = settings.recipe, settings.args
+    validation = len(data.evaluation) if data.evaluation is not None else None
     held_out = HeldOut(
         validation_pairs=validation or 0,
-        test_sentences=data.test_pairs + (len(settings.alphas) * validation if validation is not None else 0),
+        test_sentences=len(data.test) + (len(settings.alphas) * validation if validation is not None else 0),
         test_beams=recipe.test_beams,
         validation_beams=args.generation_num_beams or 1,
         source_check=recipe.source_check != "off",

@@ -171,13 +171,13 @@ def trainer_trial(
     with _random_state_kept(), tempfile.TemporaryDirectory() as folder:
         trial_args.output_dir, trial_args.report_to = folder, []
         trial_args.save_strategy = trial_args.eval_strategy = "no"
-        _train(trainer_class, dict(model=trial, args=trial_args, callbacks=[watch], **loop), compiled)
+        _train(trainer_class, compiled, model=trial, args=trial_args, callbacks=[watch], **loop)
         del trial
         gc.collect()
     return watch.trial()
 
 
-def _train(trainer_class: type, arguments: dict, compiled: bool) -> None:
+def _train(trainer_class: type, compiled: bool, **arguments) -> None:
     """The trial's Trainer (`trainer_class` built with `arguments`) trained without its printed progress, and freed
     after (and a compiled step's graphs)."""
     trainer = trainer_class(**arguments)
