@@ -4,9 +4,10 @@ ONEDNN_PRIMITIVE_CACHE_CAPACITY before it to compare oneDNN's primitive caches).
 per update, the distinct padded batch shapes of an epoch, the tokens trained on. docs/cpu_recipe.md ("Batch shapes
 and oneDNN's primitive cache") has the figures and the commands.
 
-    python scripts/update_speed_probe.py MULTIPLE LAST [FIRST]     # e.g. 1 1300 800: updates 800..1300
+    python scripts/update_speed_probe.py MULTIPLE LAST [FIRST] [FLAG ...]   # e.g. 1 1300 800: updates 800..1300
 
-The probe runs nothing else: run it alone on the machine, one variant after the other."""
+Flags after the numbers are the training command's, added to the main job's (`--dataloader_num_workers 1`). The
+probe runs nothing else: run it alone on the machine, one variant after the other."""
 
 import json
 import os
@@ -14,10 +15,12 @@ import sys
 import time
 
 
-if len(sys.argv) not in (3, 4):
+numbers = [argument for argument in sys.argv[1:4] if argument.isdigit()]
+extra = sys.argv[1 + len(numbers) :]
+if len(numbers) < 2 or (extra and not extra[0].startswith("--")):
     raise SystemExit(__doc__)
-multiple, last = int(sys.argv[1]), int(sys.argv[2])
-first = int(sys.argv[3]) if len(sys.argv) == 4 else 100
+multiple, last = int(numbers[0]), int(numbers[1])
+first = int(numbers[2]) if len(numbers) == 3 else 100
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "1024")  # oneDNN's default unless set: no package choice
 
 from hf_vanilla_transformer.utils.allocator import use_fast_allocator  # noqa: E402
@@ -39,7 +42,7 @@ from hf_vanilla_transformer.training.run import prepare_run  # noqa: E402
 
 flags = ["--recipe", "cpu", "--preset", "small", "--precision", "bf16", "--attn_implementation", "eager"]
 flags += ["--output_dir", f"/tmp/update-speed-probe-{os.getpid()}", "--max_steps", str(last), "--eval_strategy", "no"]
-flags += ["--save_strategy", "no", "--disable_tqdm", "true", "--logging_steps", "100000"]
+flags += ["--save_strategy", "no", "--disable_tqdm", "true", "--logging_steps", "100000", *extra]
 run = prepare_run(parse_run(flags))
 marks = {}
 
@@ -59,5 +62,6 @@ figures = {
     "seconds_per_update": (marks[last] - marks[first]) / (last - first),
     "shapes_in_epoch": len(run.data.batches.of(1024).shape_counts(multiple)),
     "tokens": run.trainer.target_tokens_seen,
+    "flags": extra,
 }
 print(json.dumps(figures), flush=True)

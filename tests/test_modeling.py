@@ -630,6 +630,32 @@ def test_training_mode_projects_only_labelled_positions_with_the_same_loss_and_g
         assert torch.allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_loss_equals_autograd_over_the_whole_logits(dtype):
+    """The chunked loss (gradients computed in its forward pass, chunk by chunk) equals autograd through the
+    (tokens, vocabulary) logits: the loss and both gradients, over several chunks and a short last one, with the
+    matrix products in `dtype` and the softmax in float32 in both."""
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(23, 16, generator=generator)
+    weight = torch.randn(50, 16, generator=generator) * 0.3
+    labels = torch.randint(0, 50, (23,), generator=generator)
+    results = []
+    for chunked in (False, True):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if chunked:
+            total = loss_vanilla_transformer._LinearLabelSmoothedLoss.apply(h, w, labels, 0.1, 5, dtype)
+        else:
+            logits = (h.to(dtype) @ w.to(dtype).T).float()
+            total = torch.nn.functional.cross_entropy(logits, labels, label_smoothing=0.1, reduction="sum")
+        (2.5 * total).backward()  # a scaled output gradient reaches both
+        results.append((total.detach(), h.grad, w.grad))
+    (expected, *expected_grads), (total, *grads) = results
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(total, expected, rtol=1e-5)
+    for grad, reference in zip(grads, expected_grads, strict=True):
+        assert torch.allclose(grad, reference, rtol=tolerance, atol=tolerance)
+
+
 def test_layer_norm_runs_in_float32_under_cpu_autocast():
     """With bf16 weights, CPU autocast would run LayerNorm in bf16; the model's normalise in float32 (as on CUDA)."""
     model = tiny_model().to(torch.bfloat16)

@@ -77,3 +77,26 @@ def test_the_gradient_norm_is_computed_for_the_logged_updates_only_and_equals_th
         assert mine["grad_norm"] == reference["grad_norm"] and mine["loss"] == reference["loss"]
     for name, value in ours_weights.items():
         assert torch.equal(value, theirs_weights[name]), name
+
+
+def test_floating_point_ops_count_the_parameters_once_and_equal_transformers(tmp_path):
+    """The floating-point operations of an update: transformers' count for every batch, the model's parameters
+    walked once however many updates are counted."""
+    tokenizer, dataset = reversal_task()
+    model = tiny_model(vocab_size=len(tokenizer))
+    arguments = Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, save_strategy="no")
+    trainer = TransformerTrainer(model=model, args=arguments, train_dataset=dataset, processing_class=tokenizer)
+    walks = []
+    counted = model.num_parameters
+
+    def counting(*args, **kwargs):
+        walks.append(kwargs)
+        return counted(*args, **kwargs)
+
+    model.num_parameters = counting
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model)
+    for rows in ([0, 1, 2], [3, 4], [5, 6, 7, 8]):
+        batch = collator([dataset[i] for i in rows])
+        expected = Seq2SeqTrainer.floating_point_ops(trainer, batch)
+        assert trainer.floating_point_ops(batch) == expected > 0
+    assert len(walks) == 1 + 3  # ours once, transformers' at each call

@@ -67,6 +67,7 @@ class TransformerTrainer(Seq2SeqTrainer):
         self.source_check = source_check
         self._tokens_on_device: torch.Tensor | None = None  # (source, target) tokens since the last read
         self.target_tokens_seen = 0  # in this session (not kept in checkpoints)
+        self._counted_parameters: tuple[int, int] | None = None  # (id of the model, its non-embedding parameters)
 
     def train(self, *args, **kwargs):
         with cuda_kernels(self.args.device, bool(self.args.tf32)):
@@ -96,6 +97,17 @@ class TransformerTrainer(Seq2SeqTrainer):
         if args.logging_strategy == "steps":
             return step % self.state.logging_steps == 0  # (never 0: TrainingArguments refuses it)
         return args.logging_strategy != "no"
+
+    def floating_point_ops(self, inputs) -> int:
+        """`Trainer`'s count (6 x the input tokens x the parameters outside the embeddings), with the parameters
+        counted once per model: `Trainer` counts them at every update, a walk over every module and parameter (about
+        1 ms of a 200 ms update on a 2-core CPU) for a number that does not change while the model trains."""
+        main_input = getattr(self.model, "main_input_name", "input_ids")
+        if main_input not in inputs or not hasattr(self.model, "num_parameters"):
+            return super().floating_point_ops(inputs)
+        if self._counted_parameters is None or self._counted_parameters[0] != id(self.model):
+            self._counted_parameters = (id(self.model), self.model.num_parameters(exclude_embeddings=True))
+        return 6 * inputs[main_input].numel() * self._counted_parameters[1]
 
     def _track_num_input_tokens(self, inputs):
         """The tokens seen: the Trainer's count of the source tokens, and the target tokens beside it (what the
