@@ -9,13 +9,14 @@ and oneDNN's primitive cache") has the figures and the commands.
 Flags after the numbers are the training command's, added to the main job's (`--dataloader_num_workers 1`). The
 probe runs nothing else: run it alone on the machine, one variant after the other."""
 
+import itertools
 import json
 import os
 import sys
 import time
 
 
-numbers = [argument for argument in sys.argv[1:4] if argument.isdigit()]
+numbers = list(itertools.takewhile(str.isdigit, sys.argv[1:4]))  # the leading numbers, then the flags
 extra = sys.argv[1 + len(numbers) :]
 if len(numbers) < 2 or (extra and not extra[0].startswith("--")):
     raise SystemExit(__doc__)
