@@ -1,9 +1,11 @@
 """The budget's room has one door (issue 49): the package enters `training/budget/` through its `__init__` only, and
-the room imports nothing of `training/` outside itself (the Trainer class its trial runs is handed in by the run)."""
+the room imports nothing of `training/` outside itself (the Trainer class its trial runs is handed in by the run); its
+steps never import the module that calls them, and the calibration hands back times that the measuring step ranks."""
 
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
 from conftest import ROOT
@@ -56,6 +58,33 @@ def test_the_budget_room_imports_nothing_of_training_outside_itself():
             if module.startswith("hf_vanilla_transformer.training") and not module.startswith(ROOM):
                 found.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert not found, "\n".join(found)
+
+
+def room_imports() -> dict[str, set[str]]:
+    """Each module of the room (its last name) -> the modules of the room it imports."""
+    graph = {}
+    for path in sorted((PACKAGE / "training" / "budget").glob("*.py")):
+        name = module_name(path)
+        inside = {module for _, module in imported(path) if module.startswith(ROOM + ".") and module != name}
+        graph[name.rpartition(".")[2]] = {module.rpartition(".")[2] for module in inside}
+    return graph
+
+
+def test_the_plans_steps_return_values_and_never_call_back_into_their_caller():
+    """measure -> choose -> fit -> schedule: no module of the room imports one that imports it, however far round
+    (graphlib finds the cycle), and the calibration, the first step, imports none of the room: it hands its times
+    back (`Calibration.time`), and the measuring step ranks them (no ranking is handed into the calibration)."""
+    graph = room_imports()
+    graphlib.TopologicalSorter(graph).prepare()  # raises CycleError on a cycle
+    assert graph["calibration"] == set() and "calibration" in graph["measuring"] and "fitting" in graph["measuring"]
+    tree = ast.parse((PACKAGE / "training" / "budget" / "calibration.py").read_text(encoding="utf-8"))
+    parameters = {
+        arg.arg
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+        for arg in node.args.kwonlyargs + node.args.args
+    }
+    assert not parameters & {"rank", "order", "best"}, parameters
 
 
 def test_the_import_reader_resolves_relative_imports():

@@ -1,9 +1,12 @@
 """The calibration's measurement (training/budget/calibration.py) as a GPU needs it, proven on the CPU through its own code:
 every clock read waits for the device, every timed shape has been run before its steady update, a new shape's cost
-and what is paid once are told apart, the choices are staged and ranked as the budget ranks them, the model is left
-where it was; and the budget's arithmetic pays for the shapes a run meets."""
+and what is paid once are told apart, the model is left where it was; the measuring step stages the choices and
+ranks the times the calibration hands back as the budget ranks them (training/budget/measuring.py); and the budget's
+arithmetic pays for the shapes a run meets."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -20,6 +23,7 @@ from hf_vanilla_transformer.training.budget.calibration import (
 from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, BudgetClock
 from hf_vanilla_transformer.training.budget.costs import BudgetRules, ReplanRoom, updates_that_fit
 from hf_vanilla_transformer.training.budget.deadline import TimeBudgetCallback
+from hf_vanilla_transformer.training.budget.measuring import measure_update
 from hf_vanilla_transformer.training.budget.replanning import refit
 from hf_vanilla_transformer.training.budget.schedule import EventRule
 from hf_vanilla_transformer.training.settings import compile_choices, update_choices
@@ -108,7 +112,7 @@ def test_the_measurement_leaves_the_model_where_it_was():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     was_training = model.training
     choices = cpu_choices(precision="fp32", attn_implementation="auto")
-    measurement = calibration_of(choices).measure(model, [512], every_size=True)
+    measurement = measure_update(calibration_of(choices), model, [512], every_size=True)
     assert measurement.precision == "fp32" and measurement.attention in ("eager", "sdpa")
     assert {name: (p.data_ptr(), p.device, p.dtype) for name, p in model.named_parameters()} == parameters
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
@@ -150,7 +154,7 @@ def test_many_choices_are_measured_in_stages_and_ranked_by_what_the_run_pays(mon
         handed.append(count)
         return shaped_batches()
 
-    measurement = calibration_of(choices, sample).measure(tiny_model(), [4096], every_size=True, rank=rank)
+    measurement = measure_update(calibration_of(choices, sample), tiny_model(), [4096], every_size=True, order=rank)
     assert log == [
         ["bf16/sdpa", "fp16/sdpa", "tf32/sdpa", "fp32/sdpa"],
         ["bf16/eager", "bf16/flex_attention"],
@@ -197,7 +201,9 @@ def test_a_candidate_that_cannot_run_is_left_out_with_its_reason(monkeypatch):
             super().update(batch)
 
     monkeypatch.setattr(calibration, "_Copy", Copy)
-    measure = calibration_of(cpu_choices(precision="fp32", attn_implementation="auto")).measure
+    measure = functools.partial(
+        measure_update, calibration_of(cpu_choices(precision="fp32", attn_implementation="auto"))
+    )
     measurement = measure(tiny_model(), [512], every_size=True)
     assert measurement.attention == "eager"
     assert measurement.reasons[0] == "fp32/sdpa left out: out of memory"
@@ -212,7 +218,7 @@ def test_flash_attention_is_measured_in_16_bits_only(monkeypatch):
     timings = {"fp32/sdpa": Timing(0.01), "fp16/sdpa": Timing(0.02), "fp32/eager": Timing(0.03)}
     monkeypatch.setattr(calibration, "measure_updates", scripted(timings, log))
     choices = UpdateChoices(("fp16", "fp32"), ("eager", "sdpa", "flash_attention_2"), (False,), True)
-    measurement = calibration_of(choices).measure(tiny_model(), [4096], every_size=True)
+    measurement = measure_update(calibration_of(choices), tiny_model(), [4096], every_size=True)
     assert log == [["fp16/sdpa", "fp32/sdpa"], ["fp32/eager"]]  # fp32 won: flash (16 bits only) is not tried
     assert (measurement.precision, measurement.attention) == ("fp32", "sdpa")
 

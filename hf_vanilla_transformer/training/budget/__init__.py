@@ -6,14 +6,14 @@ holds it: tests/test_budget_room.py), and the room imports nothing of `training/
 the trial runs is handed in by the run).
 
 clock.py          the budget's clock: the one formula of the time left, with its named margins
-calibration.py    an update measured before training, for every choice the recipe leaves open
+calibration.py    an update measured before training, for every choice the recipe leaves open: times, handed back
 trainer_speed.py  the Trainer's own work per update beyond it, on a short run of the real Trainer
 decode_speed.py   a decoding step's latency on a GPU, where decoding is bound by it
 costs.py          what a run's parts cost (decoding, validation, new shapes) and how many updates fit
 schedule.py       the §5.3 schedule in numbers: warmup, learning rate, event spacing; the Trainer's scheduler
 plan.py           the plan (BudgetPlan), a value
 planner.py        make_plan: the plan from the settled run and its data, in steps that return values:
-measuring.py        measure: one model size's update, checkpoint and decoding step
+measuring.py        measure: one model size's update (its choices staged and ranked), checkpoint, decoding step
 fitting.py          fit: what a measured update fits into the budget, from the plan's inputs (PlanInputs);
                     the epoch's updates, the re-plans' bound
 applying.py       the plan's decisions on the Trainer's arguments and the model: their one place

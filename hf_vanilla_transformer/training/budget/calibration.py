@@ -1,6 +1,7 @@
 """Measuring, before training, what a run will cost on this machine: the time of an update (forward, backward, Adam)
-for each precision, attention implementation, compilation and batch size the recipe leaves open (a checkpoint's time
-is `measuring.py`'s).
+for each precision, attention implementation, compilation and batch size the recipe leaves open, as values
+(`Timing`). The calibration measures and hands its times back; which candidate is best, and in which stages they are
+measured, is the measuring step's (`measuring.measure_update`), as a checkpoint's time is.
 
 The clock is read the way the Trainer pays:
 
@@ -14,7 +15,7 @@ The clock is read the way the Trainer pays:
    its first), once more (warm). An update of a known shape takes the mean of the warm ones (`Timing.steady`); a
    new shape adds the median of the differences (`per_shape`), and what the first updates cost beyond that is paid
    once (`once`: a compilation's first graphs);
-4. a candidate that fails (out of memory, a kernel the GPU lacks) is left out, with the reason.
+4. a candidate that fails (out of memory, a kernel the GPU lacks) has its reason (`Timing.failure`), no time.
 
 `fitting.py` counts the shapes a run meets from its own batches, so the figures predict the Trainer's time. Every
 measurement runs on copies of the model, which is left untouched where it is, as is the global random state: the run
@@ -42,7 +43,6 @@ from ...utils.device import cuda_kernels, forward_context, synchronizer
 COMPILE_AFTER_MINUTES = 60
 COMPILE_AFTER_UPDATES = 10_000  # (a run of a given length)
 SAMPLE_BATCHES = 6  # real batches timed per candidate, each twice
-MAX_CROSSED = 4  # at most this many (precision, attention) pairs are measured crossed; more go in two stages
 
 
 @dataclass(frozen=True)
@@ -82,11 +82,6 @@ class Measurement:
         return (self.precision, self.attention, self.compiled)
 
 
-def runs_in(precision: str, attention: str | None) -> bool:
-    """Whether `attention` runs in `precision`: flash attention has 16-bit kernels only."""
-    return attention != "flash_attention_2" or precision in ("bf16", "fp16")
-
-
 @dataclass(frozen=True)
 class UpdateChoices:
     """What the calibration may choose among for an update (one of each where the recipe fixed it), and which of
@@ -103,7 +98,8 @@ class UpdateChoices:
 class Calibration:
     """How a run's updates are measured on its device: the `choices` open, `sample_batches(max_tokens, count,
     taken)` (that many collated batches of that size, of shapes not in the set `taken`, to which it adds them), the
-    optimizer the Trainer will build (`trainer_optimizer`) and the compile mode."""
+    optimizer the Trainer will build (`trainer_optimizer`) and the compile mode. `time` measures one stage's
+    candidates, `extend` the chosen one at more batch sizes."""
 
     choices: UpdateChoices
     device: torch.device
@@ -115,67 +111,17 @@ class Calibration:
         """`count` real batches of `size` on the device, of shapes not in `taken`."""
         return [{k: v.to(self.device) for k, v in batch.items()} for batch in self.sample_batches(size, count, taken)]
 
-    def measure(
-        self,
-        model: torch.nn.Module,
-        sizes: list[int],
-        *,
-        every_size: bool,
-        fixed: Candidate | None = None,
-        rank: Callable[[Timing, int], float] | None = None,
-    ) -> Measurement:
-        """Every precision, attention and compilation the choices leave open (the candidate `fixed` where given)
-        measured on copies of `model` with real batches of the largest size `sizes[0]`, then, with `every_size`, the
-        chosen one at the other sizes; nothing is measured where nothing is open and no budget asks for a time
-        (`every_size` False). `rank(timing, max_tokens)` orders the candidates, lowest first (default: the steady
-        time; a budget ranks by the updates each fits, new shapes paid). A ValueError names the failures where no
-        candidate could run."""
-        lists = ([fixed[0]], [fixed[1]], [fixed[2]]) if fixed is not None else self.choices_lists()
-        if not every_size and len(lists[0]) * len(lists[1]) * len(lists[2]) == 1:
-            return Measurement(lists[0][0], lists[1][0], lists[2][0])
-        chosen, timings = self.choose(model, sizes[0], lists, rank or (lambda timing, size: timing.steady), every_size)
-        key = candidate_key(*chosen)
-        measurement = Measurement(*chosen, reasons=_choice_reasons(self.choices, self.device, lists, timings, chosen))
-        measurement.measured = {f"{name}@{sizes[0]}": t.steady for name, t in timings.items() if not t.failure}
-        if key in timings:
-            measurement.per_size[sizes[0]] = timings[key]
-        if True in lists[2]:
+    def time(self, model: torch.nn.Module, size: int, candidates: list[Candidate], taken: set) -> dict[str, Timing]:
+        """One stage's measurements: each of `candidates` timed on copies of `model` on real batches of `size`, of
+        shapes of its own not in `taken` (to which they are added); a candidate that could not run has a `failure`.
+        Which is best is the caller's to say (`measuring.measure_update` ranks them)."""
+        batches = self.batches(size, SAMPLE_BATCHES * len(candidates), taken)
+        timings = measure_updates(
+            model, batches, candidates, self.optimizer, self.device, compile_mode=self.compile_mode, shared=False
+        )
+        if any(compiled for _, _, compiled in candidates):
             torch._dynamo.reset()  # the copies' graphs go: the Trainer's compile starts afresh, within dynamo's limits
-        return self.extend(model, measurement, sizes[1:]) if every_size else measurement
-
-    def choose(
-        self, model: torch.nn.Module, size: int, lists, rank: Callable[[Timing, int], float], every_size: bool
-    ) -> tuple[Candidate, dict[str, Timing]]:
-        """(the candidate of `lists` (precisions, attentions, compilations) `rank` puts first at batches of `size`,
-        measured in stages (`_staged`); every timing measured). A lone candidate is timed only `every_size`."""
-        taken: set = set()  # the shapes this model has met: each candidate gets its own
-        timings: dict[str, Timing] = {}
-
-        def best(candidates: list[Candidate]) -> Candidate:
-            candidates = [c for c in candidates if runs_in(c[0], c[1])]
-            missing = [c for c in candidates if candidate_key(*c) not in timings]
-            if missing and (len(candidates) > 1 or every_size):
-                batches = self.batches(size, SAMPLE_BATCHES * len(missing), taken)
-                timings.update(
-                    measure_updates(
-                        model,
-                        batches,
-                        missing,
-                        self.optimizer,
-                        self.device,
-                        compile_mode=self.compile_mode,
-                        shared=False,
-                    )
-                )
-            if len(candidates) == 1:
-                return candidates[0]
-            choice = min(candidates, key=lambda c: rank(timings[candidate_key(*c)], size))
-            if timings[candidate_key(*choice)].failure:
-                failures = "; ".join(f"{candidate_key(*c)}: {timings[candidate_key(*c)].failure}" for c in candidates)
-                raise ValueError(f"no training update runs on {self.device}: {failures}.")
-            return choice
-
-        return _staged(*lists, best), timings
+        return timings
 
     def extend(self, model: torch.nn.Module, measurement: Measurement, sizes: Iterable[int]) -> Measurement:
         """`measurement` with its chosen candidate timed at each of `sizes` it has no time for yet (each size on
@@ -191,21 +137,6 @@ class Calibration:
         if measurement.compiled:
             torch._dynamo.reset()
         return measurement
-
-    def choices_lists(self) -> tuple[list[str], list[str | None], list[bool]]:
-        return list(self.choices.precisions), list(self.choices.attentions), list(self.choices.compiles)
-
-
-def _staged(precisions, attentions, compiles, best: Callable[[list[Candidate]], Candidate]) -> Candidate:
-    """The candidate `best` picks in stages: 1. the precision and attention, crossed where few, else the precision
-    first (with sdpa) and then the attention; 2. the compilation, for the chosen precision and attention."""
-    if len(precisions) * len(attentions) <= MAX_CROSSED:
-        precision, attention, _ = best([(p, a, compiles[0]) for p in precisions for a in attentions])
-    else:
-        preferred = "sdpa" if "sdpa" in attentions else attentions[0]
-        precision = best([(p, preferred, compiles[0]) for p in precisions])[0]
-        attention = best([(precision, a, compiles[0]) for a in attentions])[1]
-    return best([(precision, attention, c) for c in compiles])
 
 
 def measure_updates(
@@ -363,8 +294,9 @@ def trainer_optimizer(args) -> Callable:
     return lambda parameters: optimizer_class(parameters, **kwargs)
 
 
-def _choice_reasons(choices: UpdateChoices, device, lists, timings, chosen: Candidate) -> list[str]:
-    """The choices in words: each open one with its time against the others measured."""
+def choice_reasons(choices: UpdateChoices, device, lists, timings, chosen: Candidate) -> list[str]:
+    """The choice `chosen` (made by the measuring step among `lists`) in words: each open one with its time against
+    the others measured in `timings`, and the candidates left out with their failures."""
     precisions, attentions, compiles = lists
     precision, attention, compiled = chosen
 

@@ -1,9 +1,9 @@
 """The budget's clock: when the run started, how long it may take, and the one formula of the time left to train.
 
-Every part of a budgeted run that asks how much time is left (the set-up's check, the plan, the calibration's
-ranking, the deadline, the re-plans, a switch to another choice) asks `BudgetClock.seconds_left`, with the margins
-named here: what finishing the folder takes, what starting again costs, and the share of the rest that is planned
-into (the noise of a shared machine).
+Every part of a budgeted run that asks how much time is left (the set-up's check, the plan, the ranking of the
+calibration's times, the deadline, the re-plans, a switch to another choice) asks `BudgetClock.seconds_left`, with
+the margins named here: what finishing the folder takes, what starting again costs, and the share of the rest that
+is planned into (the noise of a shared machine).
 """
 
 from __future__ import annotations

@@ -1,23 +1,37 @@
-"""Measuring one model size for the plan, as values: its update's precision, attention and compilation and the time of
-a batch at each batch size (`calibration.py`), a checkpoint's seconds, and on a GPU a decoding step's latency
-(`decode_speed.py`)."""
+"""Measuring one model size for the plan, as values: its update's precision, attention and compilation, chosen here
+from the times the calibration hands back (`calibration.py`), in stages and in the order the budget gives them
+(`measure_update`), the time of a batch at each batch size, a checkpoint's seconds, and on a GPU a decoding step's
+latency (`decode_speed.py`)."""
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import NamedTuple
 
 import torch
 
 from ...data.collating import collate_rows, measured_batches, training_collator
-from .calibration import Calibration, Candidate, Measurement
+from .calibration import (
+    Calibration,
+    Candidate,
+    Measurement,
+    Timing,
+    UpdateChoices,
+    candidate_key,
+    choice_reasons,
+)
 from .costs import BudgetRules, decoding_steps, validation_decoding_steps
 from .decode_speed import measure_decode_step, median_batch
 from .fitting import PlanInputs, rank
+
+
+MAX_CROSSED = 4  # at most this many (precision, attention) pairs are measured crossed; more go in two stages
 
 
 class Sized(NamedTuple):
@@ -60,14 +74,86 @@ def measure_size(
     if screened is None:
         calibration, choices = calibration_of(inputs, model), inputs.settings.choices
         if fixed is not None or len(choices.precisions) * len(choices.attentions) * len(choices.compiles) == 1:
-            screened = calibration.measure(model, sizes[-1:], every_size=True, fixed=fixed)
+            screened = measure_update(calibration, model, sizes[-1:], every_size=True, fixed=fixed)
         else:
-            screened = calibration.measure(model, sizes[:1], every_size=True, rank=functools.partial(rank, inputs))
+            order = functools.partial(rank, inputs)
+            screened = measure_update(calibration, model, sizes[:1], every_size=True, order=order)
             screened = calibration.extend(model, screened, sizes[-1:])
         if len(inputs.presets) > 1:
             return Sized(model, screened, 0.0, None)
     measurement = calibration_of(inputs, model).extend(model, screened, sizes)
     return Sized(model, measurement, checkpoint_seconds(inputs, model), measure_decoding(inputs, model, measurement))
+
+
+def measure_update(
+    calibration: Calibration,
+    model,
+    sizes: list[int],
+    *,
+    every_size: bool,
+    fixed: Candidate | None = None,
+    order: Callable[[Timing, int], float] | None = None,
+) -> Measurement:
+    """The update of `model`: every precision, attention and compilation the calibration's choices leave open (the
+    candidate `fixed` where given) timed by the calibration on real batches of the largest size `sizes[0]`, stage by
+    stage (`staged`), each stage's best by `order(timing, max_tokens)`, lowest first (default: the steady time; a
+    budget orders by what the run pays, `fitting.rank`); then, with `every_size`, the chosen one timed at the other
+    sizes. Nothing is timed where nothing is open and no budget asks for a time (`every_size` False). A ValueError
+    names the failures where no candidate could run."""
+    lists = open_lists(calibration.choices, fixed)
+    if not every_size and math.prod(map(len, lists)) == 1:
+        return Measurement(lists[0][0], lists[1][0], lists[2][0])
+    size, timings = sizes[0], {}
+    order = order or (lambda timing, max_tokens: timing.steady)
+    best = functools.partial(_best, calibration, model, size, order, every_size, timings, set())
+    chosen = staged(*lists, best)
+    key = candidate_key(*chosen)
+    reasons = choice_reasons(calibration.choices, calibration.device, lists, timings, chosen)
+    measured = {f"{name}@{size}": timing.steady for name, timing in timings.items() if not timing.failure}
+    measurement = Measurement(*chosen, measured=measured, reasons=reasons)
+    if key in timings:
+        measurement.per_size[size] = timings[key]
+    return calibration.extend(model, measurement, sizes[1:]) if every_size else measurement
+
+
+def open_lists(choices: UpdateChoices, fixed: Candidate | None) -> tuple[list, list, list]:
+    """(precisions, attentions, compilations) to choose among: those `choices` leave open, else the one `fixed`."""
+    if fixed is not None:
+        return [fixed[0]], [fixed[1]], [fixed[2]]
+    return list(choices.precisions), list(choices.attentions), list(choices.compiles)
+
+
+def runs_in(precision: str, attention: str | None) -> bool:
+    """Whether `attention` runs in `precision`: flash attention has 16-bit kernels only."""
+    return attention != "flash_attention_2" or precision in ("bf16", "fp16")
+
+
+def _best(calibration: Calibration, model, size, order, every_size, timings: dict, taken: set, candidates) -> Candidate:
+    """The best of one stage's `candidates` by `order`, those not yet in `timings` timed first (on shapes not in
+    `taken`); a lone candidate is timed only `every_size`."""
+    candidates = [c for c in candidates if runs_in(c[0], c[1])]
+    missing = [c for c in candidates if candidate_key(*c) not in timings]
+    if missing and (len(candidates) > 1 or every_size):
+        timings.update(calibration.time(model, size, missing, taken))
+    if len(candidates) == 1:
+        return candidates[0]
+    choice = min(candidates, key=lambda c: order(timings[candidate_key(*c)], size))
+    if timings[candidate_key(*choice)].failure:
+        failures = "; ".join(f"{candidate_key(*c)}: {timings[candidate_key(*c)].failure}" for c in candidates)
+        raise ValueError(f"no training update runs on {calibration.device}: {failures}.")
+    return choice
+
+
+def staged(precisions, attentions, compiles, best: Callable[[list[Candidate]], Candidate]) -> Candidate:
+    """The candidate `best` picks in stages: 1. the precision and attention, crossed where few, else the precision
+    first (with sdpa) and then the attention; 2. the compilation, for the chosen precision and attention."""
+    if len(precisions) * len(attentions) <= MAX_CROSSED:
+        precision, attention, _ = best([(p, a, compiles[0]) for p in precisions for a in attentions])
+    else:
+        preferred = "sdpa" if "sdpa" in attentions else attentions[0]
+        precision = best([(p, preferred, compiles[0]) for p in precisions])[0]
+        attention = best([(precision, a, compiles[0]) for a in attentions])[1]
+    return best([(precision, attention, c) for c in compiles])
 
 
 def checkpoint_seconds(inputs: PlanInputs, model) -> float:

@@ -25,7 +25,7 @@ from .calibration import Measurement, Timing
 from .clock import BudgetClock, BudgetError
 from .costs import BudgetFit, BudgetRules, HeldOut
 from .fitting import PlanInputs, epoch_updates, fit, may_reach, per_update, replan_rules, update_timing
-from .measuring import Sized, calibration_of, decoding_on_gpu, measure_size
+from .measuring import Sized, calibration_of, decoding_on_gpu, measure_size, measure_update
 from .plan import Budgeted, BudgetPlan
 from .record import complete_recorded_plan, recorded_plan, write_plan
 from .replanning import Switch
@@ -227,7 +227,7 @@ def given_length_plan(inputs: PlanInputs, model) -> BudgetPlan:
     def whole_run(timing: Timing, size: int) -> float:
         return per_update(inputs, update_timing(inputs, timing, size), size, max_steps)
 
-    measurement = calibration_of(inputs, model).measure(model, [max_tokens], every_size=False, rank=whole_run)
+    measurement = measure_update(calibration_of(inputs, model), model, [max_tokens], every_size=False, order=whole_run)
     reasons = [*measurement.reasons, f"{max_steps:,} updates as given"]
     plan = schedule(inputs, model, max_steps, max_tokens, measurement, reasons, measurement.measured)
     timing = measurement.per_size.get(max_tokens)
