@@ -72,19 +72,26 @@ def room_imports() -> dict[str, set[str]]:
 
 def test_the_plans_steps_return_values_and_never_call_back_into_their_caller():
     """measure -> choose -> fit -> schedule: no module of the room imports one that imports it, however far round
-    (graphlib finds the cycle), and the calibration, the first step, imports none of the room: it hands its times
-    back (`Calibration.time`), and the measuring step ranks them (no ranking is handed into the calibration)."""
+    (graphlib finds the cycle); the calibration, the first step, imports none of the room and takes no ranking: it
+    hands its times back (`Calibration.measure_stage`) and the measuring step ranks them (`fitting.rank`); and the
+    planner hands no code of its own down to the steps it calls (no function or lambda defined inside another)."""
     graph = room_imports()
     graphlib.TopologicalSorter(graph).prepare()  # raises CycleError on a cycle
     assert graph["calibration"] == set() and "calibration" in graph["measuring"] and "fitting" in graph["measuring"]
-    tree = ast.parse((PACKAGE / "training" / "budget" / "calibration.py").read_text(encoding="utf-8"))
-    parameters = {
-        arg.arg
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef)
-        for arg in node.args.kwonlyargs + node.args.args
-    }
-    assert not parameters & {"rank", "order", "best"}, parameters
+    budget = PACKAGE / "training" / "budget"
+    source = (budget / "calibration.py").read_text(encoding="utf-8")
+    functions = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)]
+    parameters = {arg.arg for node in functions for arg in node.args.kwonlyargs + node.args.args}
+    assert not parameters & {"rank", "order", "best", "score"} and "Callable[[Timing" not in source, parameters
+    planner = ast.parse((budget / "planner.py").read_text(encoding="utf-8"))
+    handed = [
+        f"planner.py:{inner.lineno}"
+        for outer in ast.walk(planner)
+        if isinstance(outer, ast.FunctionDef)
+        for inner in ast.walk(outer)
+        if inner is not outer and isinstance(inner, (ast.FunctionDef, ast.Lambda))
+    ]
+    assert not handed, handed
 
 
 def test_the_import_reader_resolves_relative_imports():

@@ -10,7 +10,8 @@ function marked where it enters a file (>) or returns to one (<).
 Measured this way on the code before issue 49 (866f8d3): 150 functions, 83 file entries, 60 returns; 165, 88 and 63
 on e81e45f. The plan's stages now hand values forward (the batches read from the data room, the test split
 a value, the rate and the Trainer's scheduler in one module, the callback's meter and event spacing its own):
-155 functions, 60 entries, 35 returns. The ceilings keep a few entries' room for what a loaded machine's timing
+155 functions, 60 entries, 35 returns; with the calibration handing its times back to the measuring step
+that ranks them, 156, 60, 35. The ceilings keep a few entries' room for what a loaded machine's timing
 adds (a deadline, a re-plan after a validation). A run that starts again with another choice (its switch, the
 settings switched to, the plan of a known choice) adds at most `MOST_ADDED_BY_A_RESTART` functions it had not
 called before the switch."""

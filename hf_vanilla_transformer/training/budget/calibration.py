@@ -98,8 +98,8 @@ class UpdateChoices:
 class Calibration:
     """How a run's updates are measured on its device: the `choices` open, `sample_batches(max_tokens, count,
     taken)` (that many collated batches of that size, of shapes not in the set `taken`, to which it adds them), the
-    optimizer the Trainer will build (`trainer_optimizer`) and the compile mode. `time` measures one stage's
-    candidates, `extend` the chosen one at more batch sizes."""
+    optimizer the Trainer will build (`trainer_optimizer`) and the compile mode. `measure_stage` measures one
+    stage's candidates, `extend` the chosen one at more batch sizes."""
 
     choices: UpdateChoices
     device: torch.device
@@ -111,7 +111,9 @@ class Calibration:
         """`count` real batches of `size` on the device, of shapes not in `taken`."""
         return [{k: v.to(self.device) for k, v in batch.items()} for batch in self.sample_batches(size, count, taken)]
 
-    def time(self, model: torch.nn.Module, size: int, candidates: list[Candidate], taken: set) -> dict[str, Timing]:
+    def measure_stage(
+        self, model: torch.nn.Module, size: int, candidates: list[Candidate], taken: set
+    ) -> dict[str, Timing]:
         """One stage's measurements: each of `candidates` timed on copies of `model` on real batches of `size`, of
         shapes of its own not in `taken` (to which they are added); a candidate that could not run has a `failure`.
         Which is best is the caller's to say (`measuring.measure_update` ranks them)."""
@@ -120,7 +122,9 @@ class Calibration:
             model, batches, candidates, self.optimizer, self.device, compile_mode=self.compile_mode, shared=False
         )
         if any(compiled for _, _, compiled in candidates):
-            torch._dynamo.reset()  # the copies' graphs go: the Trainer's compile starts afresh, within dynamo's limits
+            # The copies' graphs go after each stage: the next stage's compiled copies, like the Trainer's, compile
+            # from scratch (their `once` counts it) and within dynamo's limits.
+            torch._dynamo.reset()
         return timings
 
     def extend(self, model: torch.nn.Module, measurement: Measurement, sizes: Iterable[int]) -> Measurement:

@@ -1,9 +1,9 @@
 """What a measured update fits into the budget, as functions of the plan's inputs (`PlanInputs`, read once from the
 settled run and its prepared data): an update's time from a batch's, what a run of so many updates pays for its new
 batch shapes, the updates that fit the time left once the checkpoints, validations and the test decoding are paid
-for (`updates_for_budget`), the largest batch size that reaches `min_updates` (`fit`), the calibration's order
-of its candidates (`rank`), the updates in an epoch (`updates_per_epoch`) and the most a budgeted run may be
-re-planned to (`replan_bound`), which the Trainer runs to (`applying.apply_plan`)."""
+for (`updates_for_budget`), the largest batch size that reaches `min_updates` (`fit`), the order the measuring
+step ranks the calibration's times by (`rank`), the updates in an epoch (`updates_per_epoch`) and the most a
+budgeted run may be re-planned to (`replan_bound`), which the Trainer runs to (`applying.apply_plan`)."""
 
 from __future__ import annotations
 
@@ -74,14 +74,16 @@ def update_timing(inputs: PlanInputs, batch: Timing, max_tokens: int, ratio: flo
     return Timing(batch.steady * inputs.settings.updates[max_tokens].accumulation * ratio, shapes, batch.once)
 
 
-def rank(inputs: PlanInputs, timing: Timing, max_tokens: int) -> float:
-    """The calibration's order of candidates: their seconds per update over the updates the budget would give them
-    (capped by the epochs), the first update of each new batch shape and what is paid once included."""
+def rank(inputs: PlanInputs, timing: Timing, max_tokens: int, updates: int | None = None) -> float:
+    """The order the measuring step ranks the calibration's times by (`measuring.measure_update`): their seconds per
+    update over a run of `updates` updates (default: those the budget would give them, capped by the epochs), the
+    first update of each new batch shape and what is paid once included."""
     update = update_timing(inputs, timing, max_tokens)
-    updates = max(1, math.floor(inputs.clock.seconds_left(planned=True) / update.steady))
-    max_epochs = inputs.settings.recipe.max_epochs
-    if max_epochs is not None:
-        updates = max(1, min(updates, math.floor(max_epochs * epoch_updates(inputs, max_tokens))))
+    if updates is None:
+        updates = max(1, math.floor(inputs.clock.seconds_left(planned=True) / update.steady))
+        max_epochs = inputs.settings.recipe.max_epochs
+        if max_epochs is not None:
+            updates = max(1, min(updates, math.floor(max_epochs * epoch_updates(inputs, max_tokens))))
     return per_update(inputs, update, max_tokens, updates)
 
 

@@ -105,7 +105,9 @@ def measure_update(
         return Measurement(lists[0][0], lists[1][0], lists[2][0])
     size, timings = sizes[0], {}
     order = order or (lambda timing, max_tokens: timing.steady)
-    best = functools.partial(_best, calibration, model, size, order, every_size, timings, set())
+    best = functools.partial(
+        _best, calibration, model, size=size, order=order, every_size=every_size, timings=timings, taken=set()
+    )
     chosen = staged(*lists, best)
     key = candidate_key(*chosen)
     reasons = choice_reasons(calibration.choices, calibration.device, lists, timings, chosen)
@@ -128,13 +130,23 @@ def runs_in(precision: str, attention: str | None) -> bool:
     return attention != "flash_attention_2" or precision in ("bf16", "fp16")
 
 
-def _best(calibration: Calibration, model, size, order, every_size, timings: dict, taken: set, candidates) -> Candidate:
+def _best(
+    calibration: Calibration,
+    model,
+    candidates: list[Candidate],
+    *,
+    size: int,
+    order: Callable[[Timing, int], float],
+    every_size: bool,
+    timings: dict[str, Timing],
+    taken: set,
+) -> Candidate:
     """The best of one stage's `candidates` by `order`, those not yet in `timings` timed first (on shapes not in
     `taken`); a lone candidate is timed only `every_size`."""
     candidates = [c for c in candidates if runs_in(c[0], c[1])]
     missing = [c for c in candidates if candidate_key(*c) not in timings]
     if missing and (len(candidates) > 1 or every_size):
-        timings.update(calibration.time(model, size, missing, taken))
+        timings.update(calibration.measure_stage(model, size, missing, taken))
     if len(candidates) == 1:
         return candidates[0]
     choice = min(candidates, key=lambda c: order(timings[candidate_key(*c)], size))

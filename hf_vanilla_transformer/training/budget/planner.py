@@ -2,7 +2,8 @@
 choose (here) -> fit (`fitting.py`) -> schedule (here).
 
 A budgeted run measures each model size of the recipe in turn (largest first): its precision, attention,
-compilation and the time of a batch at each batch size (`calibration.py`), the Trainer's own work beyond that
+compilation (chosen by `measuring.py` from the calibration's times) and the time of a batch at each batch size
+(`calibration.py`), the Trainer's own work beyond that
 update (`trainer_speed.py`, once), and the number of updates that fits the time left at each batch size once the
 checkpoints, validations, the test decoding and the first update of each new batch shape are paid for; it keeps the
 first size whose fit reaches `min_updates` (else the last), and the largest batch size that does. A run of a given
@@ -12,6 +13,7 @@ length measures only what the recipe leaves open. The schedule follows from the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -24,7 +26,7 @@ from ...utils.machine import describe_device
 from .calibration import Measurement, Timing
 from .clock import BudgetClock, BudgetError
 from .costs import BudgetFit, BudgetRules, HeldOut
-from .fitting import PlanInputs, epoch_updates, fit, may_reach, per_update, replan_rules, update_timing
+from .fitting import PlanInputs, epoch_updates, fit, may_reach, per_update, rank, replan_rules, update_timing
 from .measuring import Sized, calibration_of, decoding_on_gpu, measure_size, measure_update
 from .plan import Budgeted, BudgetPlan
 from .record import complete_recorded_plan, recorded_plan, write_plan
@@ -224,9 +226,7 @@ def given_length_plan(inputs: PlanInputs, model) -> BudgetPlan:
     max_steps = args.max_steps if args.max_steps > 0 else None
     max_steps = max_steps or math.ceil(args.num_train_epochs * epoch_updates(inputs, max_tokens))
 
-    def whole_run(timing: Timing, size: int) -> float:
-        return per_update(inputs, update_timing(inputs, timing, size), size, max_steps)
-
+    whole_run = functools.partial(rank, inputs, updates=max_steps)
     measurement = measure_update(calibration_of(inputs, model), model, [max_tokens], every_size=False, order=whole_run)
     reasons = [*measurement.reasons, f"{max_steps:,} updates as given"]
     plan = schedule(inputs, model, max_steps, max_tokens, measurement, reasons, measurement.measured)
