@@ -72,9 +72,10 @@ def room_imports() -> dict[str, set[str]]:
 
 def test_the_plans_steps_return_values_and_never_call_back_into_their_caller():
     """measure -> choose -> fit -> schedule: no module of the room imports one that imports it, however far round
-    (graphlib finds the cycle); the calibration, the first step, imports none of the room and takes no ranking: it
-    hands its times back (`Calibration.measure_stage`) and the measuring step ranks them (`fitting.rank`); and the
-    planner hands no code of its own down to the steps it calls (no function or lambda defined inside another)."""
+    (graphlib finds the cycle); the calibration, under the measuring step, imports none of the room and takes no
+    ranking: it hands its times back (`Calibration.measure_stage`) and the measuring step ranks them
+    (`fitting.rank`); and the planner hands no code of its own down to the steps it calls (no function or lambda
+    defined inside another)."""
     graph = room_imports()
     graphlib.TopologicalSorter(graph).prepare()  # raises CycleError on a cycle
     assert graph["calibration"] == set() and "calibration" in graph["measuring"] and "fitting" in graph["measuring"]

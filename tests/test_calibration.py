@@ -7,6 +7,8 @@ arithmetic pays for the shapes a run meets."""
 from __future__ import annotations
 
 import functools
+import math
+import types
 
 import pytest
 import torch
@@ -20,9 +22,10 @@ from hf_vanilla_transformer.training.budget.calibration import (
     measure_updates,
     trainer_optimizer,
 )
-from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, BudgetClock
+from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, SAFETY, BudgetClock
 from hf_vanilla_transformer.training.budget.costs import BudgetRules, ReplanRoom, updates_that_fit
 from hf_vanilla_transformer.training.budget.deadline import TimeBudgetCallback
+from hf_vanilla_transformer.training.budget.fitting import PlanInputs, rank
 from hf_vanilla_transformer.training.budget.measuring import measure_update
 from hf_vanilla_transformer.training.budget.replanning import refit
 from hf_vanilla_transformer.training.budget.schedule import EventRule
@@ -260,3 +263,33 @@ def test_the_trainers_own_work_is_the_median_of_paired_differences_on_a_cpu_and_
     assert TrainerTrial(0.01, 0.2, -0.19).overhead == pytest.approx(-0.1)
     with pytest.raises(RuntimeError, match="ended before its last update"):
         _Pairs(None, [], 1, 0).trial()
+
+
+def test_the_budgets_order_ranks_by_the_run_each_candidate_would_be():
+    """`fitting.rank`, the order the measuring step ranks the calibration's times by: seconds per update over the
+    updates the budget would give (default) or over a run of a given length, the first update of each new shape and
+    what is paid once included. A candidate fast on shapes met before but dear on new ones wins a long run and loses
+    a short one."""
+    settings = types.SimpleNamespace(
+        updates={1024: types.SimpleNamespace(accumulation=1, world_size=1)},
+        device=torch.device("cpu"),
+        recipe=types.SimpleNamespace(max_epochs=None),
+    )
+
+    class Sampler:  # 20 batch shapes in all, met one per batch until then
+        def __len__(self):
+            return 1000
+
+        def shapes_met(self, batches, multiple=1):
+            return float(min(batches, 20))
+
+    data = types.SimpleNamespace(batches=types.SimpleNamespace(of=lambda size: Sampler()))
+    clock = BudgetClock(0.0, 1000.0 + FINISHING_SECONDS, now=lambda: 0.0)  # 970 training seconds planned into
+    inputs = PlanInputs(settings, data, clock, BudgetRules(EventRule(save_steps=100), False))
+    dear_shapes, cheap_shapes = Timing(0.10, per_shape=0.5, once=2.0), Timing(0.12)
+    assert rank(inputs, dear_shapes, 1024, updates=100) == pytest.approx(0.10 + (2.0 + 0.5 * 20) / 100)
+    assert rank(inputs, cheap_shapes, 1024, updates=100) == pytest.approx(0.12)
+    budget_updates = math.floor(1000.0 * SAFETY / 0.10)  # what the budget gives the first
+    assert rank(inputs, dear_shapes, 1024) == pytest.approx(0.10 + 12.0 / budget_updates)
+    assert rank(inputs, dear_shapes, 1024) < rank(inputs, cheap_shapes, 1024)
+    assert rank(inputs, dear_shapes, 1024, updates=100) > rank(inputs, cheap_shapes, 1024, updates=100)

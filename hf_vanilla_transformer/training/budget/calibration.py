@@ -66,9 +66,9 @@ def candidate_key(precision: str, attention: str | None, compiled: bool = False)
 
 @dataclass
 class Measurement:
-    """What calibration found for one model: the fastest precision, attention and compilation, the timing of a batch
-    at each batch size (max_tokens), every update time measured ("fp32/sdpa@2048" -> steady seconds), and the
-    reasons in words."""
+    """What was measured for one model: the precision, attention and compilation the measuring step chose from the
+    calibration's times (`measuring.measure_update`), the timing of a batch at each batch size (max_tokens), every
+    update time measured ("fp32/sdpa@2048" -> steady seconds), and the reasons in words."""
 
     precision: str
     attention: str | None
@@ -84,8 +84,9 @@ class Measurement:
 
 @dataclass(frozen=True)
 class UpdateChoices:
-    """What the calibration may choose among for an update (one of each where the recipe fixed it), and which of
-    them the recipe left to measure (`precision_open`, `compile_open`: "auto")."""
+    """What an update may be run with (one of each where the recipe fixed it: the calibration times them, the
+    measuring step chooses), and which of them the recipe left to measure (`precision_open`, `compile_open`:
+    "auto")."""
 
     precisions: tuple[str, ...]
     attentions: tuple[str | None, ...]

@@ -3,11 +3,11 @@ choose (here) -> fit (`fitting.py`) -> schedule (here).
 
 A budgeted run measures each model size of the recipe in turn (largest first): its precision, attention,
 compilation (chosen by `measuring.py` from the calibration's times) and the time of a batch at each batch size
-(`calibration.py`), the Trainer's own work beyond that
-update (`trainer_speed.py`, once), and the number of updates that fits the time left at each batch size once the
-checkpoints, validations, the test decoding and the first update of each new batch shape are paid for; it keeps the
-first size whose fit reaches `min_updates` (else the last), and the largest batch size that does. A run of a given
-length measures only what the recipe leaves open. The schedule follows from the length (`schedule.py`).
+(`calibration.py`), the Trainer's own work beyond that update (`trainer_speed.py`, once), and the number of updates
+that fits the time left at each batch size once the checkpoints, validations, the test decoding and the first update
+of each new batch shape are paid for; it keeps the first size whose fit reaches `min_updates` (else the last), and
+the largest batch size that does. A run of a given length measures only what the recipe leaves open. The schedule
+follows from the length (`schedule.py`).
 """
 
 from __future__ import annotations
