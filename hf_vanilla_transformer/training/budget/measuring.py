@@ -70,10 +70,9 @@ def measure_size(
     checkpoint and a decoding step. A restart knows its time (`known`)."""
     if known is not None:
         return Sized(model, known, checkpoint_seconds(inputs, model), measure_decoding(inputs, model, known))
-    sizes = inputs.settings.token_sizes
+    sizes, calibration = inputs.settings.token_sizes, calibration_of(inputs, model)
     if screened is None:
-        calibration, choices = calibration_of(inputs, model), inputs.settings.choices
-        if fixed is not None or len(choices.precisions) * len(choices.attentions) * len(choices.compiles) == 1:
+        if math.prod(map(len, open_lists(inputs.settings.choices, fixed))) == 1:  # nothing to choose
             screened = measure_update(calibration, model, sizes[-1:], every_size=True, fixed=fixed)
         else:
             order = functools.partial(rank, inputs)
@@ -81,7 +80,7 @@ def measure_size(
             screened = calibration.extend(model, screened, sizes[-1:])
         if len(inputs.presets) > 1:
             return Sized(model, screened, 0.0, None)
-    measurement = calibration_of(inputs, model).extend(model, screened, sizes)
+    measurement = calibration.extend(model, screened, sizes)
     return Sized(model, measurement, checkpoint_seconds(inputs, model), measure_decoding(inputs, model, measurement))
 
 
