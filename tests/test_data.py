@@ -171,11 +171,10 @@ DEBIAN_CATALOGUES = (
 )
 
 
-def test_ui_messages_are_split_by_their_english_text_into_three_non_empty_splits(tmp_path, monkeypatch):
-    """A package laid out as libreoffice-l10n-de is: 33 catalogues, 40 messages each, and messages that recur (in
-    two catalogues with two translations, with and without the `~` of their accelerator key). Every split holds
-    pairs, each message lands where the hash of its English text puts it, and all copies of a message together."""
-    folder = tmp_path / "unpacked" / "usr/lib/libreoffice/program/resource/de/LC_MESSAGES"
+def write_ui_package(root: Path) -> None:
+    """An unpacked package laid out as libreoffice-l10n-de is: 33 catalogues of 40 messages each, and messages that
+    recur (in two catalogues with two translations, with and without the `~` of their accelerator key)."""
+    folder = root / "usr/lib/libreoffice/program/resource/de/LC_MESSAGES"
     folder.mkdir(parents=True)
     header = {"": "Content-Type: text/plain; charset=UTF-8\n"}
     for name in DEBIAN_CATALOGUES:
@@ -183,6 +182,12 @@ def test_ui_messages_are_split_by_their_english_text_into_three_non_empty_splits
         write_mo(folder / f"{name}.mo", {**header, **messages})
     write_mo(folder / "extra.mo", {**header, "A\x04OK": "OK", "B\x04~Open": "~Öffnen", "C\x04Media Player": "Medien"})
     write_mo(folder / "more.mo", {**header, "A\x04OK": "Okay", "B\x04Open": "Öffnen", "C\x04media player": "Player"})
+
+
+def test_ui_messages_are_split_by_their_english_text_into_three_non_empty_splits(tmp_path, monkeypatch):
+    """On a package laid out as Debian's (`write_ui_package`), every split holds pairs, each message lands where the
+    hash of its English text puts it, and all copies of a message together."""
+    write_ui_package(tmp_path / "unpacked")
     monkeypatch.setattr(libreoffice, "fetch_debian_package", lambda package, cache_dir: tmp_path / "unpacked")
     corpus = libreoffice.libreoffice_ui_corpus("de", cache_dir=tmp_path / "cache")
     sizes = {split: len(corpus[split]) for split in ("train", "validation", "test")}
@@ -195,6 +200,56 @@ def test_ui_messages_are_split_by_their_english_text_into_three_non_empty_splits
     assert [message_split(text) for text in ("100%", "Save As", "Cancel")] == ["test", "train", "train"]
     for split, held in pairs.items():
         assert all(message_split(source) == split for source, _ in held)
+
+
+def test_more_training_pairs_leave_the_held_out_splits_unseen():
+    """The UI strings join the help's training split: a pair whose source the training split holds already is not
+    added, nor one whose source is, case folded, a validation or test sentence; the held-out splits stay whole."""
+    corpus = DatasetDict(
+        {
+            "train": Dataset.from_dict(
+                {"source": ["Open", "Close the file."], "target": ["Öffnen", "Datei schließen."]}
+            ),
+            "validation": Dataset.from_dict({"source": ["Insert Table"], "target": ["Tabelle einfügen"]}),
+            "test": Dataset.from_dict({"source": ["Save As"], "target": ["Speichern unter"]}),
+        }
+    )
+    ui = Dataset.from_dict(
+        {
+            "source": ["Open", "insert table", "SAVE AS", "Save", "~Print", "Save as PDF"],
+            "target": ["~Öffnen", "Tabelle einfügen", "Speichern unter", "Speichern", "~Drucken", "Als PDF speichern"],
+        }
+    )
+    joined = libreoffice.with_more_training(corpus, ui)
+    assert list(zip(joined["train"]["source"], joined["train"]["target"], strict=True)) == [
+        ("Open", "Öffnen"),
+        ("Close the file.", "Datei schließen."),
+        ("Save", "Speichern"),
+        ("~Print", "~Drucken"),
+        ("Save as PDF", "Als PDF speichern"),
+    ]
+    for split in ("validation", "test"):
+        assert joined[split].to_dict() == corpus[split].to_dict()
+
+
+def test_the_help_with_the_ui_strings_is_the_help_and_the_ui_training_messages(tmp_path, monkeypatch):
+    """`--dataset libreoffice-help-ui`: the help corpus's splits, its training split followed by the UI corpus's
+    training messages (here none is a help sentence), cached as one entry."""
+    names = [f"text/swriter/01/{i:04d}.html" for i in range(200)]  # enough pages for every split
+    help_root = tmp_path / "usr/share/libreoffice/help"
+    write_tree(help_root / "en-US", {name: {**ENGLISH, "heading": f"Heading {i}"} for i, name in enumerate(names)})
+    write_tree(help_root / "de", {name: {**GERMAN, "heading": f"Überschrift {i}"} for i, name in enumerate(names)})
+    write_ui_package(tmp_path)  # beside the help trees: one unpacked folder serves every package
+    monkeypatch.setattr(libreoffice, "fetch_debian_package", lambda package, cache_dir: tmp_path)
+    cache = tmp_path / "cache"
+    joined = corpora.load_corpus("libreoffice-help-ui", cache_dir=cache)
+    help_corpus = libreoffice.libreoffice_help_corpus(cache_dir=cache)
+    ui = libreoffice.libreoffice_ui_corpus(cache_dir=cache)
+    for column in ("source", "target"):
+        assert list(joined["train"][column]) == [*help_corpus["train"][column], *ui["train"][column]]
+    for split in ("validation", "test"):
+        assert joined[split].to_dict() == help_corpus[split].to_dict() and len(joined[split]) > 0
+    assert (cache / "libreoffice-help-ui-en-de").is_dir()
 
 
 def test_tsv_jsonl_and_aligned_text_files(tmp_path):

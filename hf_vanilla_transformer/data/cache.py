@@ -3,7 +3,8 @@ Arrow files under the data cache folder (`HF_VANILLA_TRANSFORMER_DATA`, default 
 or `--data_cache_dir`), in a folder named by a key of what it was made from:
 
     corpora/<key of the files' content>/{train,validation,test}.arrow      local parallel files
-    libreoffice-help-en-<lang>/, libreoffice-ui-messages-en-<lang>/        the LibreOffice corpora
+    libreoffice-help-en-<lang>/, libreoffice-ui-messages-en-<lang>/        the LibreOffice corpora ...
+    libreoffice-help-ui-en-<lang>/                                         ... and the two together
     debs/<package>/                                                        their Debian packages
     tokenizers/<key of the corpus and the BPE settings>/tokenizer.json    learned shared BPEs
     tokenized/<key of the corpus>/<key of the tokenizer and max_length>/   tokenized splits with their lengths

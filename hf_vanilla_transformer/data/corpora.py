@@ -3,7 +3,8 @@ memory-mapped Arrow files on disk: a corpus of millions of pairs costs the page 
 
 Sources (`load_corpus` is the one entry point):
 
-* the LibreOffice help (the default, EN-DE) and user-interface strings, from Debian's packages (`libreoffice.py`);
+* the LibreOffice help (the default, EN-DE), its user-interface strings, and the two together, from Debian's packages
+  (`libreoffice.py`);
 * **local parallel files**: a TSV (`source<TAB>target`), a JSONL (`{"source": ..., "target": ...}`, or
   `{"translation": {"en": ..., "de": ...}}`), or two line-aligned text files; read line by line into Arrow once per
   machine, cached under a key of their content (`cache.py`);
@@ -30,7 +31,7 @@ from datasets.arrow_writer import ArrowWriter
 from ..utils.faults import moment
 from ..utils.machine import release_mapped_pages
 from .cache import building, cache_root, complete_folder, entry_lock, files_key, open_arrow
-from .libreoffice import libreoffice_help_corpus, libreoffice_ui_corpus
+from .libreoffice import libreoffice_help_corpus, libreoffice_help_ui_corpus, libreoffice_ui_corpus
 from .splits import SPLITS, CorpusError, DataFileError
 from .text_files import LONGEST_LINE, LONGEST_SIDE, text_lines
 
@@ -415,7 +416,8 @@ def load_corpus(
     wmt14_dir: str | Path | None = None,
     carve: bool = False,
 ) -> DatasetDict:
-    """One entry point for every source: `libreoffice-help` (default), `libreoffice-ui`, `wmt14` (from the Hub, or
+    """One entry point for every source: `libreoffice-help` (default), `libreoffice-ui`, `libreoffice-help-ui` (the
+    help with the UI strings' training messages: the CPU recipe's), `wmt14` (from the Hub, or
     from `wmt14_dir`), or local files (with `carve`, the held-out splits not given carved out of the training file
     as it is cached: see `parallel_files_corpus`)."""
     if data_files:
@@ -432,9 +434,11 @@ def load_corpus(
         return libreoffice_help_corpus(source_lang, target_lang, cache_dir)
     if dataset == "libreoffice-ui":
         return libreoffice_ui_corpus(target_lang, cache_dir)
+    if dataset == "libreoffice-help-ui":
+        return libreoffice_help_ui_corpus(target_lang, cache_dir)
     if dataset == "wmt14":
         return wmt14_corpus(source_lang, target_lang, wmt14_dir, cache_dir)
     raise ValueError(
-        f"dataset={dataset!r} is unknown; expected 'libreoffice-help', 'libreoffice-ui', 'wmt14', "
+        f"dataset={dataset!r} is unknown; expected 'libreoffice-help', 'libreoffice-ui', 'libreoffice-help-ui', 'wmt14', "
         "or --data_files for local files."
     )

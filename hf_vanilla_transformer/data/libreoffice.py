@@ -5,6 +5,8 @@
   exactly.
 * **LibreOffice UI strings** (`libreoffice-l10n-<lang>`): the gettext catalogues of the user interface, short strings
   of a second domain, handy for fine-tuning.
+* **Both** (`libreoffice-help-ui`, the CPU recipe's): the help corpus with the UI strings' training messages added to
+  its training split; the help's validation and test splits, so its figures compare with the help's.
 
 The packages are fetched with `apt-get download` and unpacked with `dpkg-deb -x`; LibreOffice itself is never
 installed, no Debian version is pinned, and the system is never changed (where apt does not know a package, the
@@ -332,6 +334,44 @@ def libreoffice_ui_corpus(target_lang: str = "de", cache_dir: str | Path | None 
 
     # Named apart from the folder of the split by catalogue file that earlier versions cached.
     return _cached_corpus(cache_dir / f"libreoffice-ui-messages-en-{suffix}", cache_dir, build)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The help with the UI strings' training messages
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def libreoffice_help_ui_corpus(target_lang: str = "de", cache_dir: str | Path | None = None) -> DatasetDict:
+    """The help corpus with the UI strings' training messages added to its training split (`with_more_training`):
+    the help's validation and test splits, as `libreoffice_help_corpus` makes them."""
+    suffix, _ = debian_language(target_lang)
+    cache_dir = cache_root(cache_dir)
+
+    def build() -> DatasetDict:
+        help_corpus = libreoffice_help_corpus("en", target_lang, cache_dir)
+        return with_more_training(help_corpus, libreoffice_ui_corpus(target_lang, cache_dir)["train"])
+
+    return _cached_corpus(cache_dir / f"libreoffice-help-ui-en-{suffix}", cache_dir, build)
+
+
+def with_more_training(corpus: DatasetDict, more: Dataset) -> DatasetDict:
+    """`corpus` with the pairs of `more` after its training pairs, but for a pair whose source text the training
+    split holds already, or, case folded, the validation or test split (a UI label that is also a held-out help
+    heading stays unseen); the validation and test splits as they are."""
+    held_out = {source.casefold() for split in SPLITS[1:] for source in corpus[split]["source"]}
+    seen = set(corpus["train"]["source"])
+    added = [
+        (source, target)
+        for source, target in zip(more["source"], more["target"], strict=True)
+        if source not in seen and source.casefold() not in held_out
+    ]
+    train = Dataset.from_dict(
+        {
+            "source": [*corpus["train"]["source"], *(source for source, _ in added)],
+            "target": [*corpus["train"]["target"], *(target for _, target in added)],
+        }
+    )
+    return DatasetDict({"train": train, **{split: corpus[split] for split in SPLITS[1:]}})
 
 
 def _check_not_empty(corpus: DatasetDict, name: str) -> None:

@@ -14,17 +14,26 @@ TEMPLATE = Path(__file__).with_name("model_card.md")
 DATASET_IDS = {
     "libreoffice-help": ("libreoffice-help", "the LibreOffice help (Debian packages)"),
     "libreoffice-ui": ("libreoffice-ui", "the LibreOffice user-interface strings (Debian packages)"),
+    "libreoffice-help-ui": (
+        "libreoffice-help-ui",
+        "the LibreOffice help and its user-interface strings' training messages (Debian packages)",
+    ),
     "wmt14": ("wmt/wmt14", "WMT14"),
 }
 # What the test split is, and what its figures compare with.
 TEST_SPLITS = {
     "libreoffice-help": ", split by file so that no test page was seen in training",
     "libreoffice-ui": ", split by message (a hash of its English text) so that no test message was seen in training",
+    "libreoffice-help-ui": (
+        " (the help's), split by file so that no test page was seen in training, and no UI message whose English is a"
+        " held-out sentence added"
+    ),
     "wmt14": ": newstest2014, the paper's test set",
 }
 COMPARABILITY = {
     "libreoffice-help": "The domain is software documentation: these figures are not comparable with newstest2014.",
     "libreoffice-ui": "The domain is software user interfaces: these figures are not comparable with newstest2014.",
+    "libreoffice-help-ui": "The domain is software documentation: these figures are not comparable with newstest2014.",
     "wmt14": (
         "Tokenized BLEU with compound splitting is the measure of the paper's Table 2 (EN-DE: base 27.3, big 28.4); "
         "sacreBLEU is the one to compare with other systems."

@@ -53,8 +53,8 @@ class ModelDataArguments:
     dataset: str = field(
         default="libreoffice-help",
         metadata={
-            "help": "libreoffice-help (default), libreoffice-ui, or wmt14 (from the Hugging Face Hub, or offline from "
-            "--wmt14_dir)."
+            "help": "libreoffice-help (default), libreoffice-ui, libreoffice-help-ui (the help with the UI strings' "
+            "training messages: the cpu recipe's), or wmt14 (from the Hugging Face Hub, or offline from --wmt14_dir)."
         },
     )
     wmt14_dir: str | None = field(
