@@ -31,6 +31,8 @@ def test_a_saved_model_takes_the_finetune_recipe_over_the_machines_and_a_named_r
     recipe, own = settings.recipe, read_recipe("finetune")
     assert recipe.recipe == "finetune" and recipe.dropout is None  # the saved model's own dropout
     assert (recipe.max_tokens, recipe.max_minutes, recipe.max_epochs) == (1024, 26, 20)  # the cpu recipe's
+    # The data to adapt to is the run's to name: the help alone on any machine, not the cpu recipe's help and UI.
+    assert recipe.dataset == "libreoffice-help" and read_recipe("cpu")["dataset"] == "libreoffice-help-ui"
     assert (recipe.peak_learning_rate, settings.args.warmup_steps) == (own["peak_learning_rate"], own["warmup_steps"])
     # The peak is the saved model's own, at any width and any batch: nothing scales it.
     assert settings.rate.owner_d_model is None and settings.rate.reference_tokens is None

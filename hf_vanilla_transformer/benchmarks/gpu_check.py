@@ -137,7 +137,7 @@ def repository_root() -> Path | None:
 
 
 def corpus_flags(mode: CheckMode, corpus: str, root: Path | None) -> tuple[list[str], str]:
-    """The main job's data flags and what they are in words: the help corpus (the main job's default) on a GPU,
+    """The main job's data flags and what they are in words: the help corpus (the gpu recipe's default) on a GPU,
     the fixture pairs of the clone on a CPU ("auto"), or as asked."""
     if corpus not in ("auto", "help", "fixtures"):
         raise ValueError(f"corpus={corpus!r} is invalid; expected one of auto, help, fixtures.")
@@ -146,7 +146,8 @@ def corpus_flags(mode: CheckMode, corpus: str, root: Path | None) -> tuple[list[
     if corpus == "fixtures" and not present:
         raise ValueError(f"corpus='fixtures' but {folder or 'no clone'} holds no {FIXTURES[0]}; run from a clone.")
     if corpus == "help" or (corpus == "auto" and (mode.name == "gpu" or not present)):
-        return [], "the LibreOffice help EN-DE (the main job's corpus)"
+        # The help alone on both: the cpu recipe's UI strings are a package the offline GPU image does not carry.
+        return ["--dataset", "libreoffice-help"], "the LibreOffice help EN-DE (the gpu recipe's corpus)"
     train, held_out = (str(folder / name) for name in FIXTURES)
     flags = ["--data_files", train, "--validation_files", held_out, "--test_files", held_out]
     return flags, f"the fixture pairs of tests/fixtures ({FIXTURES[0]}; {FIXTURES[1]} for validation and test)"

@@ -13,7 +13,7 @@ from ..utils.allocator import use_fast_allocator
 # command -> (module, function, what it does); training commands re-run with a faster allocator (utils/allocator.py)
 COMMANDS = {
     "train": ("train", "main", "train, average, evaluate and save a model folder, from a recipe and flags"),
-    "main": ("train", "main_job", "the main job: this machine's recipe (gpu or cpu) on the LibreOffice help EN-DE"),
+    "main": ("train", "main_job", "the main job: this machine's recipe (gpu or cpu) on the LibreOffice EN-DE corpora"),
     "translate": ("translate", "main", "translate a file or standard input with a model folder or an export"),
     "score": ("score", "main", "sacreBLEU and chrF of a model folder on a test split or your files"),
     "export": ("export", "main", "export a model folder to CTranslate2 or ONNX"),

@@ -435,10 +435,10 @@ def load_corpus(
     if dataset == "libreoffice-ui":
         return libreoffice_ui_corpus(target_lang, cache_dir)
     if dataset == "libreoffice-help-ui":
-        return libreoffice_help_ui_corpus(target_lang, cache_dir)
+        return libreoffice_help_ui_corpus(source_lang, target_lang, cache_dir)
     if dataset == "wmt14":
         return wmt14_corpus(source_lang, target_lang, wmt14_dir, cache_dir)
     raise ValueError(
-        f"dataset={dataset!r} is unknown; expected 'libreoffice-help', 'libreoffice-ui', 'libreoffice-help-ui', 'wmt14', "
-        "or --data_files for local files."
+        f"dataset={dataset!r} is unknown; expected 'libreoffice-help', 'libreoffice-ui', 'libreoffice-help-ui', "
+        "'wmt14', or --data_files for local files."
     )

@@ -341,29 +341,39 @@ def libreoffice_ui_corpus(target_lang: str = "de", cache_dir: str | Path | None 
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def libreoffice_help_ui_corpus(target_lang: str = "de", cache_dir: str | Path | None = None) -> DatasetDict:
+def libreoffice_help_ui_corpus(
+    source_lang: str = "en", target_lang: str = "de", cache_dir: str | Path | None = None
+) -> DatasetDict:
     """The help corpus with the UI strings' training messages added to its training split (`with_more_training`):
     the help's validation and test splits, as `libreoffice_help_corpus` makes them."""
+    if source_lang.lower() not in ("en", "en-us"):
+        raise ValueError(f"source_lang={source_lang!r}: the LibreOffice help is written in English; use 'en'.")
     suffix, _ = debian_language(target_lang)
     cache_dir = cache_root(cache_dir)
 
     def build() -> DatasetDict:
-        help_corpus = libreoffice_help_corpus("en", target_lang, cache_dir)
+        help_corpus = libreoffice_help_corpus(source_lang, target_lang, cache_dir)
         return with_more_training(help_corpus, libreoffice_ui_corpus(target_lang, cache_dir)["train"])
 
     return _cached_corpus(cache_dir / f"libreoffice-help-ui-en-{suffix}", cache_dir, build)
 
 
+def label_key(text: str) -> str:
+    """A sentence as a label compares: without the `~` or `_` that marks an accelerator key (`~Open`, `_Type`), case
+    folded, its spaces collapsed."""
+    return " ".join(text.replace("~", "").replace("_", "").casefold().split())
+
+
 def with_more_training(corpus: DatasetDict, more: Dataset) -> DatasetDict:
     """`corpus` with the pairs of `more` after its training pairs, but for a pair whose source text the training
-    split holds already, or, case folded, the validation or test split (a UI label that is also a held-out help
-    heading stays unseen); the validation and test splits as they are."""
-    held_out = {source.casefold() for split in SPLITS[1:] for source in corpus[split]["source"]}
+    split holds already, or whose `label_key` is that of a validation or test sentence (the UI label `_Type` of a
+    held-out help heading `Type` stays unseen); the validation and test splits as they are."""
+    held_out = {label_key(source) for split in SPLITS[1:] for source in corpus[split]["source"]}
     seen = set(corpus["train"]["source"])
     added = [
         (source, target)
         for source, target in zip(more["source"], more["target"], strict=True)
-        if source not in seen and source.casefold() not in held_out
+        if source not in seen and label_key(source) not in held_out
     ]
     train = Dataset.from_dict(
         {

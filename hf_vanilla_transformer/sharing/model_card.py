@@ -14,10 +14,7 @@ TEMPLATE = Path(__file__).with_name("model_card.md")
 DATASET_IDS = {
     "libreoffice-help": ("libreoffice-help", "the LibreOffice help (Debian packages)"),
     "libreoffice-ui": ("libreoffice-ui", "the LibreOffice user-interface strings (Debian packages)"),
-    "libreoffice-help-ui": (
-        "libreoffice-help-ui",
-        "the LibreOffice help and its user-interface strings' training messages (Debian packages)",
-    ),
+    "libreoffice-help-ui": ("libreoffice-help-ui", "the LibreOffice help and user-interface strings (Debian packages)"),
     "wmt14": ("wmt/wmt14", "WMT14"),
 }
 # What the test split is, and what its figures compare with.
@@ -25,8 +22,8 @@ TEST_SPLITS = {
     "libreoffice-help": ", split by file so that no test page was seen in training",
     "libreoffice-ui": ", split by message (a hash of its English text) so that no test message was seen in training",
     "libreoffice-help-ui": (
-        " (the help's), split by file so that no test page was seen in training, and no UI message whose English is a"
-        " held-out sentence added"
+        ", the help's own, split by file so that no test page was seen in training; no UI string trained on is a test"
+        " sentence"
     ),
     "wmt14": ": newstest2014, the paper's test set",
 }
