@@ -271,8 +271,7 @@ def libreoffice_help_corpus(
     English is the only source language the help is written in; `target_lang` is any language Debian packages
     the help in (de, fr, es, it, ja, pt-BR, ...).
     """
-    if source_lang.lower() not in ("en", "en-us"):
-        raise ValueError(f"source_lang={source_lang!r}: the LibreOffice help is written in English; use 'en'.")
+    _check_english(source_lang)
     suffix, folder = debian_language(target_lang)
     cache_dir = cache_root(cache_dir)
 
@@ -346,8 +345,7 @@ def libreoffice_help_ui_corpus(
 ) -> DatasetDict:
     """The help corpus with the UI strings' training messages added to its training split (`with_more_training`):
     the help's validation and test splits, as `libreoffice_help_corpus` makes them."""
-    if source_lang.lower() not in ("en", "en-us"):
-        raise ValueError(f"source_lang={source_lang!r}: the LibreOffice help is written in English; use 'en'.")
+    _check_english(source_lang)
     suffix, _ = debian_language(target_lang)
     cache_dir = cache_root(cache_dir)
 
@@ -360,7 +358,7 @@ def libreoffice_help_ui_corpus(
 
 def label_key(text: str) -> str:
     """A sentence as a label compares: without the `~` or `_` that marks an accelerator key (`~Open`, `_Type`), case
-    folded, its spaces collapsed."""
+    folded, its spaces collapsed. `message_split` keys on the same but for `_` (its splits predate this rule: kept)."""
     return " ".join(text.replace("~", "").replace("_", "").casefold().split())
 
 
@@ -382,6 +380,12 @@ def with_more_training(corpus: DatasetDict, more: Dataset) -> DatasetDict:
         }
     )
     return DatasetDict({"train": train, **{split: corpus[split] for split in SPLITS[1:]}})
+
+
+def _check_english(source_lang: str) -> None:
+    """English is the only source language the help is written in (checked before any cached corpus is read)."""
+    if source_lang.lower() not in ("en", "en-us"):
+        raise ValueError(f"source_lang={source_lang!r}: the LibreOffice help is written in English; use 'en'.")
 
 
 def _check_not_empty(corpus: DatasetDict, name: str) -> None:
