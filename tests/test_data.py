@@ -4,8 +4,11 @@ local parallel files, WMT14 up to the network call, and clear errors."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -236,15 +239,21 @@ def test_more_training_pairs_leave_the_held_out_splits_unseen():
         assert joined[split].to_dict() == corpus[split].to_dict()
 
 
+def write_help_and_ui_packages(root: Path, monkeypatch) -> None:
+    """The help trees of 200 pages (enough for every split) and the UI catalogues (`write_ui_package`) in one
+    unpacked folder, `root`, which serves every package the corpora fetch."""
+    names = [f"text/swriter/01/{i:04d}.html" for i in range(200)]
+    help_root = root / "usr/share/libreoffice/help"
+    write_tree(help_root / "en-US", {name: {**ENGLISH, "heading": f"Heading {i}"} for i, name in enumerate(names)})
+    write_tree(help_root / "de", {name: {**GERMAN, "heading": f"Überschrift {i}"} for i, name in enumerate(names)})
+    write_ui_package(root)
+    monkeypatch.setattr(libreoffice, "fetch_debian_package", lambda package, cache_dir: root)
+
+
 def test_the_help_with_the_ui_strings_is_the_help_and_the_ui_training_messages(tmp_path, monkeypatch):
     """`--dataset libreoffice-help-ui`: the help corpus's splits, its training split followed by the UI corpus's
     training messages (here none is a help sentence), cached as one entry."""
-    names = [f"text/swriter/01/{i:04d}.html" for i in range(200)]  # enough pages for every split
-    help_root = tmp_path / "usr/share/libreoffice/help"
-    write_tree(help_root / "en-US", {name: {**ENGLISH, "heading": f"Heading {i}"} for i, name in enumerate(names)})
-    write_tree(help_root / "de", {name: {**GERMAN, "heading": f"Überschrift {i}"} for i, name in enumerate(names)})
-    write_ui_package(tmp_path)  # beside the help trees: one unpacked folder serves every package
-    monkeypatch.setattr(libreoffice, "fetch_debian_package", lambda package, cache_dir: tmp_path)
+    write_help_and_ui_packages(tmp_path, monkeypatch)
     cache = tmp_path / "cache"
     joined = corpora.load_corpus("libreoffice-help-ui", cache_dir=cache)
     help_corpus = libreoffice.libreoffice_help_corpus(cache_dir=cache)
@@ -253,7 +262,34 @@ def test_the_help_with_the_ui_strings_is_the_help_and_the_ui_training_messages(t
         assert list(joined["train"][column]) == [*help_corpus["train"][column], *ui["train"][column]]
     for split in ("validation", "test"):
         assert joined[split].to_dict() == help_corpus[split].to_dict() and len(joined[split]) > 0
-    assert (cache / "libreoffice-help-ui-en-de").is_dir()
+    assert len(list((cache / "libreoffice-help-ui-en-de-joined").iterdir())) == 1
+
+
+def test_the_joined_corpus_is_built_again_when_what_it_joins_changes(tmp_path, monkeypatch):
+    """The joined corpus is cached by the two corpora's cached files and the join's rule: the UI corpus built again
+    with one more message, or a new rule, gives a new joined corpus, never the one cached before; an entry replaced
+    goes once it has been unused for an hour."""
+    write_help_and_ui_packages(tmp_path, monkeypatch)
+    cache, added = tmp_path / "cache", ("Save As", "Speichern unter")  # a message of the UI's training split
+    joined = cache / "libreoffice-help-ui-en-de-joined"
+
+    def pairs() -> set[tuple[str, str]]:
+        train = corpora.load_corpus("libreoffice-help-ui", cache_dir=cache)["train"]
+        return set(zip(train["source"], train["target"], strict=True))
+
+    assert added not in pairs()
+    catalogues = tmp_path / "usr/lib/libreoffice/program/resource/de/LC_MESSAGES"
+    write_mo(catalogues / "new.mo", {"": "Content-Type: text/plain; charset=UTF-8\n", "D\x04Save As": "Speichern unter"})
+    assert added not in pairs()  # the UI corpus itself is cached: nothing changed yet
+    shutil.rmtree(cache / "libreoffice-ui-messages-en-de")  # as a damaged entry is: built again, now with the message
+    assert added in pairs()
+    assert len(list(joined.iterdir())) == 2  # the first was used a moment ago: it stays for now
+    monkeypatch.setattr(libreoffice, "JOIN_RULE", libreoffice.JOIN_RULE + 1)
+    monkeypatch.setattr(libreoffice, "with_more_training", lambda corpus, more: corpus)  # a rule that adds nothing
+    for entry in joined.iterdir():
+        os.utime(entry, (time.time() - 7200,) * 2)  # unused for two hours
+    assert added not in pairs()
+    assert len(list(joined.iterdir())) == 1
 
 
 def test_tsv_jsonl_and_aligned_text_files(tmp_path):

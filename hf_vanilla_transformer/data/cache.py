@@ -4,7 +4,7 @@ or `--data_cache_dir`), in a folder named by a key of what it was made from:
 
     corpora/<key of the files' content>/{train,validation,test}.arrow      local parallel files
     libreoffice-help-en-<lang>/, libreoffice-ui-messages-en-<lang>/        the LibreOffice corpora ...
-    libreoffice-help-ui-en-<lang>/                                         ... and the two together
+    libreoffice-help-ui-en-<lang>-joined/<key of the two and the rule>/    ... and the two together
     debs/<package>/                                                        their Debian packages
     tokenizers/<key of the corpus and the BPE settings>/tokenizer.json    learned shared BPEs
     tokenized/<key of the corpus>/<key of the tokenizer and max_length>/   tokenized splits with their lengths

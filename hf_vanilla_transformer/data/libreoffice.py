@@ -39,7 +39,7 @@ from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_from_disk
 
-from .cache import building, cache_root, complete_folder, entry_lock
+from .cache import building, cache_root, complete_folder, dataset_key, entry_lock, prune, text_key, touch
 from .splits import SPLITS, CorpusError
 
 
@@ -51,6 +51,9 @@ MAX_DEB_BYTES = 200_000_000
 MAX_UNPACKED_BYTES = 1_000_000_000
 UNIT_ID = re.compile(r"^(par|hd)_id")
 UNPACKED = ".unpacked"  # written last into a package's folder: the name of the .deb it was unpacked from
+# The rule by which the UI strings join the help's training split (`with_more_training`, `label_key`): one more
+# whenever it changes, so that a joined corpus cached by an earlier rule is built again rather than read.
+JOIN_RULE = 2
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -348,12 +351,17 @@ def libreoffice_help_ui_corpus(
     _check_english(source_lang)
     suffix, _ = debian_language(target_lang)
     cache_dir = cache_root(cache_dir)
-
-    def build() -> DatasetDict:
-        help_corpus = libreoffice_help_corpus(source_lang, target_lang, cache_dir)
-        return with_more_training(help_corpus, libreoffice_ui_corpus(target_lang, cache_dir)["train"])
-
-    return _cached_corpus(cache_dir / f"libreoffice-help-ui-en-{suffix}", cache_dir, build)
+    help_corpus = libreoffice_help_corpus(source_lang, target_lang, cache_dir)
+    ui_train = libreoffice_ui_corpus(target_lang, cache_dir)["train"]
+    # Cached by what it is made of: the two corpora's cached files and the join's rule. A corpus built again (a
+    # damaged entry) or a new rule gives a new entry; the one it replaces goes once unused for an hour.
+    inputs = [dataset_key(help_corpus[split]) for split in SPLITS] + [dataset_key(ui_train)]
+    folder = cache_dir / f"libreoffice-help-ui-en-{suffix}-joined"
+    entry = folder / text_key(JOIN_RULE, inputs)
+    joined = _cached_corpus(entry, cache_dir, lambda: with_more_training(help_corpus, ui_train))
+    touch(entry)
+    prune(folder, keep=1)
+    return joined
 
 
 def label_key(text: str) -> str:
