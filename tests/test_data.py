@@ -16,7 +16,7 @@ import pytest
 from datasets import Dataset, DatasetDict
 
 from hf_vanilla_transformer.data import corpora, libreoffice
-from hf_vanilla_transformer.data.cache import open_arrow
+from hf_vanilla_transformer.data.cache import open_arrow, prune
 from hf_vanilla_transformer.data.corpora import read_parallel_file, wmt_to_pairs
 from hf_vanilla_transformer.data.libreoffice import (
     align_help_trees,
@@ -284,12 +284,33 @@ def test_the_joined_corpus_is_built_again_when_what_it_joins_changes(tmp_path, m
     shutil.rmtree(cache / "libreoffice-ui-messages-en-de")  # as a damaged entry is: built again, now with the message
     assert added in pairs()
     assert len(list(joined.iterdir())) == 2  # the first was used a moment ago: it stays for now
+
+    def age_all() -> None:  # every entry unused for two hours or more, the newest for longest
+        for hours, entry in enumerate(sorted(joined.iterdir(), key=lambda entry: entry.stat().st_mtime), start=2):
+            os.utime(entry, (time.time() - 3600 * hours,) * 2)
+
+    current = max(joined.iterdir(), key=lambda entry: entry.stat().st_mtime)  # the entry with the message
+    age_all()
+    assert added in pairs()  # read again: the entry read is used now and stays, the one it replaced goes
+    assert list(joined.iterdir()) == [current]
     monkeypatch.setattr(libreoffice, "JOIN_RULE", libreoffice.JOIN_RULE + 1)
     monkeypatch.setattr(libreoffice, "with_more_training", lambda corpus, more: corpus)  # a rule that adds nothing
-    for entry in joined.iterdir():
-        os.utime(entry, (time.time() - 7200,) * 2)  # unused for two hours
+    age_all()
     assert added not in pairs()
-    assert len(list(joined.iterdir())) == 1
+    assert [entry.name for entry in joined.iterdir()] != [current.name] and len(list(joined.iterdir())) == 1
+
+
+def test_prune_keeps_the_newest_and_skips_an_entry_another_job_removed(tmp_path):
+    """Entries by their time of use: the `keep` newest stay and so does any used within `idle_seconds`; an entry
+    that is gone by the time it is looked at (another job pruned it: here a link to nothing) is passed over."""
+    ages = {"newest": 60, "recent": 120, "idle": 7200, "idler": 10800}  # seconds since each was used
+    for name, seconds in ages.items():
+        (tmp_path / name).mkdir()
+        os.utime(tmp_path / name, (time.time() - seconds,) * 2)
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    removed = prune(tmp_path, keep=1, idle_seconds=3600)
+    assert sorted(path.name for path in removed) == ["idle", "idler"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["gone", "newest", "recent"]
 
 
 def test_tsv_jsonl_and_aligned_text_files(tmp_path):

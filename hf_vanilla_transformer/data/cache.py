@@ -355,16 +355,21 @@ def prune(folder: Path, keep: int = KEEP_TOKENIZED, idle_seconds: float = 3600.0
     `idle_seconds` (another run may have just found one); temporary folders are left alone. Returns what went."""
     if not folder.is_dir():
         return []
-    entries = sorted(
-        (entry for entry in folder.iterdir() if ".tmp-" not in entry.name),
-        key=lambda entry: entry.stat().st_mtime,
-        reverse=True,
-    )
+    used = {entry: _used(entry) for entry in folder.iterdir() if ".tmp-" not in entry.name}
+    entries = sorted((entry for entry in used if used[entry] is not None), key=used.get, reverse=True)
     now = time.time()
-    removed = [entry for entry in entries[keep:] if now - entry.stat().st_mtime > idle_seconds]
+    removed = [entry for entry in entries[keep:] if now - used[entry] > idle_seconds]
     for entry in removed:
         shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
     return removed
+
+
+def _used(entry: Path) -> float | None:
+    """When `entry` was last used (its time of modification), None where it is gone: another job pruned it."""
+    try:
+        return entry.stat().st_mtime
+    except FileNotFoundError:
+        return None
 
 
 def touch(path: Path) -> None:

@@ -359,7 +359,6 @@ def libreoffice_help_ui_corpus(
     folder = cache_dir / f"libreoffice-help-ui-en-{suffix}-joined"
     entry = folder / text_key(JOIN_RULE, inputs)
     joined = _cached_corpus(entry, cache_dir, lambda: with_more_training(help_corpus, ui_train))
-    touch(entry)
     prune(folder, keep=1)
     return joined
 
@@ -407,10 +406,13 @@ def _check_not_empty(corpus: DatasetDict, name: str) -> None:
 
 def _cached_corpus(cached: Path, cache_dir: Path, build: Callable[[], DatasetDict]) -> DatasetDict:
     """The corpus cached at `cached`; where it is missing or damaged, made by `build()` under the entry's lock (a
-    second job waits for it, then reads it) and published whole, with its manifest (data/cache.py)."""
+    second job waits for it, then reads it) and published whole, with its manifest (data/cache.py); marked as used
+    (for `prune`) before the lock is let go. Read memory-mapped whatever `datasets`' in-memory threshold says: its
+    splits' keys (`dataset_key`) are those of its files."""
     with entry_lock(cached, cache_dir):
         if complete_folder(cached) is None:
             corpus = build()
             with building(cached) as temporary:
                 corpus.save_to_disk(str(temporary))
-    return load_from_disk(str(cached))
+        touch(cached)
+    return load_from_disk(str(cached), keep_in_memory=False)
