@@ -274,7 +274,8 @@ def libreoffice_help_corpus(
     English is the only source language the help is written in; `target_lang` is any language Debian packages
     the help in (de, fr, es, it, ja, pt-BR, ...).
     """
-    _check_english(source_lang)
+    if source_lang.lower() not in ("en", "en-us"):
+        raise ValueError(f"source_lang={source_lang!r}: the LibreOffice help is written in English; use 'en'.")
     suffix, folder = debian_language(target_lang)
     cache_dir = cache_root(cache_dir)
 
@@ -347,11 +348,10 @@ def libreoffice_help_ui_corpus(
     source_lang: str = "en", target_lang: str = "de", cache_dir: str | Path | None = None
 ) -> DatasetDict:
     """The help corpus with the UI strings' training messages added to its training split (`with_more_training`):
-    the help's validation and test splits, as `libreoffice_help_corpus` makes them."""
-    _check_english(source_lang)
-    suffix, _ = debian_language(target_lang)
+    the help's validation and test splits, as `libreoffice_help_corpus` makes them (and checks the languages)."""
     cache_dir = cache_root(cache_dir)
     help_corpus = libreoffice_help_corpus(source_lang, target_lang, cache_dir)
+    suffix, _ = debian_language(target_lang)
     ui_train = libreoffice_ui_corpus(target_lang, cache_dir)["train"]
     # Cached by what it is made of: the two corpora's cached files and the join's rule. A corpus built again (a
     # damaged entry) or a new rule gives a new entry; the one it replaces goes once unused for an hour.
@@ -387,12 +387,6 @@ def with_more_training(corpus: DatasetDict, more: Dataset) -> DatasetDict:
         }
     )
     return DatasetDict({"train": train, **{split: corpus[split] for split in SPLITS[1:]}})
-
-
-def _check_english(source_lang: str) -> None:
-    """English is the only source language the help is written in (checked before any cached corpus is read)."""
-    if source_lang.lower() not in ("en", "en-us"):
-        raise ValueError(f"source_lang={source_lang!r}: the LibreOffice help is written in English; use 'en'.")
 
 
 def _check_not_empty(corpus: DatasetDict, name: str) -> None:
