@@ -30,9 +30,10 @@ CHILD = textwrap.dedent(
     import json, os, signal, sys
     from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
     from hf_vanilla_transformer.training.checkpoints import latest_checkpoint
-    from hf_vanilla_transformer.training.run import leave_process_group, prepare_run
+    from hf_vanilla_transformer.training.run import prepare_run
     from hf_vanilla_transformer.training.settings import settle
     from hf_vanilla_transformer.training.trainer import TransformerTrainer
+    from hf_vanilla_transformer.utils.distributed import leave_process_group
     spec = json.loads(sys.argv[1])
     recipe = ModelDataArguments(**spec["recipe"])
     args = TransformerTrainingArguments(**spec["args"])

@@ -4,7 +4,7 @@ recipes.py      recipe files (configs/recipes/*.yaml) as the flags' defaults; `p
 arguments.py    the run's arguments (model, data, recipe; the paper's Adam), every check, the Trainer's planned copy
 choices.py      the lists a run chooses from (sizes, batches, alphas), settled against the command line
 settings.py     the run settled once: a frozen RunSettings of every decision its arguments alone make
-run.py          the whole run: settle -> data -> plan -> Trainer -> train -> average -> alpha -> test -> folder
+run.py          the whole run: settle -> data -> plan -> Trainer -> train -> finish
 run_data.py     corpus -> tokenizer -> tokenized split -> batches, the test split (PreparedData), once
 models.py       the model trained: a preset's new one, or a saved one to fine-tune
 building.py     the Trainer of a plan with its callbacks
@@ -13,6 +13,7 @@ callbacks.py    checkpoints every few minutes, the set-up clock's first update, 
 collapse.py     the guard against a model that stopped using its source
 checkpoints.py  checkpoint folders and the `.complete` protocol
 averaging.py    checkpoint choice and averaging (§6.1)
+finishing.py    after training, the main process: average -> alpha -> test -> the model folder
 results.py      results.json
 budget/         the time budget: clock, calibration, the Trainer's own speed, costs, schedule, the plan and its
                 entry point, re-planning, the deadline's callback, the plan on disk (budget/__init__.py maps it)

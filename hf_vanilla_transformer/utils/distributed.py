@@ -1,8 +1,10 @@
 """Decisions the main process takes for every process of a launch, so that all of them act at the same update
 (save, stop) or on the same value (the checkpoint to resume from, the run's plan). In a single process each is the
-identity."""
+identity. And the end of a process's part in a launch (`leave_process_group`)."""
 
 from __future__ import annotations
+
+import gc
 
 import torch
 
@@ -36,3 +38,18 @@ def result_or_error(function, *arguments):
         return function(*arguments)
     except Exception as error:
         return error
+
+
+def leave_process_group() -> None:
+    """End this process's part in a multi-process launch (nothing to do in a single process). Call it once the
+    run's trainer is unreachable.
+
+    The order matters under gloo: a DDP reducer keeps a reference to the process group, and if the reducer drops
+    the last one, the group's destructor runs with the GIL held and joins gloo's worker threads, which may be
+    waiting for the GIL to free the tensors of the last collective (Trainer's final all-gather): a hang, or an
+    abort when it happens at interpreter exit. So the trainer goes first (collected here), then the group, whose
+    last reference is dropped from Python, whose binding releases the GIL while the threads stop.
+    """
+    if is_distributed():
+        gc.collect()
+        torch.distributed.destroy_process_group()
