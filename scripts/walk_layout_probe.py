@@ -30,8 +30,9 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 
 
-def traced_walk() -> list[tuple[str, str]]:
-    """(file under training/, qualified name) of each function of the walk, in the order first called."""
+def traced_walk():
+    """((file under training/, qualified name) of each function of the walk, in the order first called; the test's
+    `marked`, which counts a walk's entries and returns; today's (entries, returns))."""
     sys.path.insert(0, str(TESTS))
     import test_run_order as walk  # the test's own tracer and run
 
@@ -39,12 +40,12 @@ def traced_walk() -> list[tuple[str, str]]:
         settings = walk.tiny_run(Path(folder) / "run", "--data_cache_dir", str(Path(folder) / "cache"))
         traced, _ = walk.traced(settings)
     order = walk.first_visits(traced.calls)
+    if not order:
+        raise SystemExit("no function of training/ was traced: is the package imported the checkout tests/ is in?")
     lines, entries, returns = walk.marked(order)
     print("\n".join(lines))
     print(f"today: {len(order)} functions, {entries} file entries, {returns} returns")
-    if not order:
-        raise SystemExit("no function of training/ was traced: is the package imported the checkout tests/ is in?")
-    return order
+    return order, walk.marked, (entries, returns)
 
 
 def unit_sizes(root: Path) -> dict[tuple[str, str], int]:
@@ -58,7 +59,8 @@ def unit_sizes(root: Path) -> dict[tuple[str, str], int]:
 
 
 def counts(sequence: list[int], files: list[int]) -> tuple[int, int]:
-    """(entries, returns) of the walk of units `sequence` with unit i in file `files[i]`."""
+    """(entries, returns) of the walk of units `sequence` with unit i in file `files[i]`: the test's `marked`, without
+    the lines it writes (the search counts a million layouts; `main` checks the two agree on today's)."""
     previous, left, entries, returns = None, set(), 0, 0
     for unit in sequence:
         file = files[unit]
@@ -110,14 +112,16 @@ def main() -> None:
     options = parser.parse_args()
     from hf_vanilla_transformer import training
 
-    order = traced_walk()
+    order, marked, today_counts = traced_walk()
     every = unit_sizes(Path(training.__file__).parent)
-    units = list(dict.fromkeys((file, name.split(".")[0]) for file, name in order))
-    sequence = [units.index((file, name.split(".")[0])) for file, name in order]
+    of_unit = {}  # (file, top-level name) -> its index, in the order first called
+    sequence = [of_unit.setdefault((file, name.split(".")[0]), len(of_unit)) for file, name in order]
+    units = list(of_unit)
     sizes = [every[unit] for unit in units]
     rooms = [0 if options.mix_rooms else int(file.startswith("budget/")) for file, _ in units]
     today = [sorted({file for file, _ in units}).index(file) for file, _ in units]
-    print(f"today, counted by unit: {counts(sequence, today)[0]} entries, {counts(sequence, today)[1]} returns")
+    if counts(sequence, today) != today_counts:
+        raise SystemExit(f"counted by unit, today's walk gives {counts(sequence, today)}, not {today_counts}")
     rng, started, best = random.Random(options.seed), time.time(), None
     for restart in range(options.restarts):
         found = search(sequence, sizes, rooms, today, options.lines, options.moves, rng)
@@ -125,12 +129,8 @@ def main() -> None:
         best = min(best or found, found)
     (returns, entries), files = best
     print(f"best layout found: {entries} file entries, {returns} returns, files of at most {options.lines} lines")
-    previous, left, back = None, set(), []
-    for unit in sequence:
-        if files[unit] != previous and files[unit] in left:
-            back.append(f"{units[unit][1]} ({units[unit][0]})")
-        left, previous = left | ({previous} if files[unit] != previous else set()), files[unit]
-    print("its returns, at: " + ", ".join(back))
+    lines, _, _ = marked([(str(files[unit]), f"{units[unit][1]} ({units[unit][0]})") for unit in sequence])
+    print("its returns, at: " + ", ".join(line.split(":", 1)[1] for line in lines if line.startswith("<")))
     for file in dict.fromkeys(files[unit] for unit in sequence):
         members = [units[unit] for unit in range(len(units)) if files[unit] == file]
         print(f"{sum(every[unit] for unit in members):4d} lines: " + ", ".join(f"{n} ({f})" for f, n in members))
