@@ -215,14 +215,6 @@ class BudgetRules:
             return greedy if beams <= 1 else max(greedy, step)
         return greedy + (step - greedy) * (beams - 1) / (test_beams - 1)
 
-    def first_costs(self, per_shape: float, since: int, until: int) -> float:
-        """What the new batch shapes met from update `since` to update `until` add to their steady time, at
-        `per_shape` seconds each."""
-        room = self.room
-        if not per_shape or room.shapes_met is None or until <= since:
-            return 0.0
-        return per_shape * (room.shapes_met(until * room.accumulation) - room.shapes_met(since * room.accumulation))
-
     def predicted_decode_seconds(
         self,
         validation_seconds: float,

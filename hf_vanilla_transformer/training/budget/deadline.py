@@ -24,7 +24,7 @@ from .clock import BudgetClock
 from .costs import BudgetRules, decoding_steps_ratio
 from .plan import BudgetPlan
 from .record import write_plan
-from .replanning import CHANGE_AT_LEAST, Switch, better_candidate, refit
+from .replanning import CHANGE_AT_LEAST, Switch, better_candidate, new_shapes_seconds, refit
 
 
 logger = logging.getLogger(__name__)
@@ -292,7 +292,7 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         rate = self.meter.seconds_per_update
         if rate is None or self.rules is None:
             return rate
-        paid = self.rules.first_costs(self.plan.update.seconds_per_new_shape, self.meter.counted_from, step)
+        paid = new_shapes_seconds(self.rules, self.plan.update.seconds_per_new_shape, self.meter.counted_from, step)
         return max(0.5 * rate, (self.meter.seconds - paid) / self.meter.updates)
 
     def replan(self, state, after: str, decode: float | None = None, always: bool = False) -> Replan | None:

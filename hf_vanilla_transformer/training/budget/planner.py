@@ -55,17 +55,22 @@ def make_plan(
     `restart` knows the Trainer's own time of it, used instead of a calibration, and records what it left) and
     computed; `trainer_class`, the run's Trainer, runs the trial of the Trainer's own work (`trainer_speed.py`).
     Under several processes every process measures (as they will train, side by side) and the main process's plan
-    is the one all of them follow; it writes `budget.json`."""
+    is the one all of them follow; it writes `budget.json` and says the plan ("Plan: ...")."""
     recorded = recorded_plan(settings.output_dir, resume) if resume is not None or settings.budgeted else None
     if recorded is not None and (resume is not None or recorded.record.max_minutes is not None):
-        return kept_plan(recorded, settings, data, model, clock, resumed=resume is not None, build=build)
+        budgeted = kept_plan(recorded, settings, data, model, clock, resumed=resume is not None, build=build)
+        if settings.args.should_save:
+            print(f"Plan: {budgeted.plan.summary()}.", flush=True)
+        return budgeted
     inputs = plan_inputs(settings, data, clock, build, trainer_class)
     plan = main_process_value(result_or_error(plan_run, inputs, model, restart))
     if isinstance(plan, Exception):  # the main process failed: every process stops with its error
         raise plan
+    rules = replan_rules(inputs, plan) if plan.record.max_minutes else None
     if settings.args.should_save:
         write_plan(settings.output_dir, plan)
-    return Budgeted(plan, replan_rules(inputs, plan) if plan.record.max_minutes else None)
+        print(f"Plan{', started again' if restart else ''}: {plan.summary()}.", flush=True)
+    return Budgeted(plan, rules)
 
 
 def kept_plan(recorded: BudgetPlan, settings, data, model, clock, resumed: bool, build=None) -> Budgeted:
@@ -181,13 +186,18 @@ def budgeted_plan(
 ) -> BudgetPlan:
     """The budgeted plan of `chosen` for `preset`: its schedule, what it predicted (see `BudgetPlan`), every choice
     measured with its time (the Trainer's: times `ratio`)."""
-    times, candidates, several = {}, [], len(inputs.presets) > 1
+    times, several = {}, len(inputs.presets) > 1
     for name, sized in measured.items():
-        each = sized.measurement
-        times.update({(f"{name}/" if several else "") + key: seconds for key, seconds in each.measured.items()})
-        candidates += [candidate(inputs, name, size, each.per_size[size], ratio) for size in each.per_size]
+        times.update({(f"{name}/" if several else "") + key: s for key, s in sized.measurement.measured.items()})
     sized, timing, steps = measured[preset], chosen.timing, chosen.max_steps
     plan = schedule(inputs, sized.model, steps, chosen.max_tokens, sized.measurement, reasons, times)
+    # What the fit says of every choice measured and of the chosen run (then, in make_plan, the re-plans' rules).
+    candidates = [
+        candidate(inputs, name, size, timed, ratio)
+        for name, each in measured.items()
+        for size, timed in each.measurement.per_size.items()
+    ]
+    predicted = per_update(inputs, timing, chosen.max_tokens, steps)
     return plan.but(
         preset=preset,
         max_minutes=inputs.settings.max_minutes,
@@ -196,7 +206,7 @@ def budgeted_plan(
         trainer_ratio=ratio,
         seconds_per_new_shape=timing.per_shape,
         once_seconds=timing.once,
-        predicted_seconds_per_update=per_update(inputs, timing, chosen.max_tokens, steps),
+        predicted_seconds_per_update=predicted,
         planned_training_seconds=chosen.seconds.training,
         predicted_decode_seconds=chosen.seconds.decode,
         checkpoint_seconds=chosen.seconds.checkpoint,

@@ -36,6 +36,15 @@ CHANGE_AT_LEAST = 0.01  # a re-plan after a validation moves the length only if 
 SWITCH_BELOW = 0.9  # measured / planned seconds per update below which a larger choice is reconsidered
 
 
+def new_shapes_seconds(rules: BudgetRules, per_shape: float, since: int, until: int) -> float:
+    """What the new batch shapes met from update `since` to update `until` of a planned run add to their steady time,
+    at `per_shape` seconds each (the shapes met among its batches: `rules.room`)."""
+    room = rules.room
+    if not per_shape or room.shapes_met is None or until <= since:
+        return 0.0
+    return per_shape * (room.shapes_met(until * room.accumulation) - room.shapes_met(since * room.accumulation))
+
+
 def refit(
     plan: BudgetPlan,
     rules: BudgetRules,
@@ -54,7 +63,7 @@ def refit(
     for _ in range(REFIT_ROUNDS):
         still = 1 - step / max(length, step + 1)  # the fraction of the run, and of its events, still to come
         fixed = still * (rules.checkpoints * checkpoint_seconds + rules.validations * validation_seconds)
-        fixed += rules.first_costs(plan.update.seconds_per_new_shape, step, length)
+        fixed += new_shapes_seconds(rules, plan.update.seconds_per_new_shape, step, length)
         length = step + max(1, math.floor((usable_seconds - fixed) / seconds_per_update))
     if rules.room.max_updates is not None:
         length = min(length, max(rules.room.max_updates, step + 1))
