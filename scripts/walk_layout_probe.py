@@ -155,6 +155,14 @@ def fewest_moves(count, today: list[int], goal: tuple[int, int]):
     return score
 
 
+def entries_and_returns(text: str) -> tuple[int, int]:
+    """`--goal`'s value: two whole numbers, "30,10"."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"--goal {text!r}: expected ENTRIES,RETURNS, two whole numbers such as 30,10")
+    return int(parts[0]), int(parts[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--lines", type=int, default=430, help="most lines of walked code in a file")
@@ -168,7 +176,10 @@ def main() -> None:
         "(issue 49's own count, Walk.entering), where moving a unit changes which calls cross a file",
     )  # fmt: skip
     parser.add_argument(
-        "--goal", default="", help="ENTRIES,RETURNS: the fewest units moved from today's files that reach it instead"
+        "--goal",
+        type=entries_and_returns,
+        default=None,
+        help="ENTRIES,RETURNS: the fewest units moved from today's files that reach it instead",
     )
     options = parser.parse_args()
     from hf_vanilla_transformer import training
@@ -178,9 +189,13 @@ def main() -> None:
     every = unit_sizes(Path(training.__file__).parent)
     of_unit = {}  # (file, top-level name) -> its index, in the order first called (then the callers' own)
     sequence = [of_unit.setdefault((file, name.split(".")[0]), len(of_unit)) for file, name in order]
-    for file, name in walk.callers:
-        of_unit.setdefault((file, name.split(".")[0]), len(of_unit))
+    if options.count == "calls":  # the callers' units too: where they are decides which calls cross a file
+        for file, name in walk.callers:
+            of_unit.setdefault((file, name.split(".")[0]), len(of_unit))
     units = list(of_unit)
+    unknown = [unit for unit in units if unit not in every]  # (a module's own code, calling at import: it stays)
+    if unknown:
+        raise SystemExit(f"units that are no top-level function or class of training/: {unknown}")
     sizes = [every[unit] for unit in units]
     rooms = [0 if options.mix_rooms else int(file.startswith("budget/")) for file, _ in units]
     today = [sorted({file for file, _ in units}).index(file) for file, _ in units]
@@ -195,7 +210,7 @@ def main() -> None:
     if count(today) != tuple(counted):
         raise SystemExit(f"counted by unit, today's layout gives {count(today)}, not {tuple(counted)}")
     if options.goal:
-        goal = tuple(int(part) for part in options.goal.split(","))
+        goal = options.goal
         score, temperature = fewest_moves(count, today, goal), 20.0
     else:
         score, temperature = fewest_returns(count), 3.0

@@ -321,7 +321,7 @@ def test_the_precision_is_chosen_at_the_largest_batch_and_a_size_too_slow_at_its
     )
     started = time.time()
     clock = BudgetClock.starting(started, 30)
-    data = prepare_data(settings, SetupClock(started, check=clock.check_setup))
+    data = prepare_data(settings, clock, SetupClock(started))
     widths = {}
     measured = []  # (width, size, candidate key) in the order measured
 

@@ -12,19 +12,12 @@ import torch
 
 from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
 from hf_vanilla_transformer.training.budget import BudgetPlan, apply_plan
-from hf_vanilla_transformer.training.budget.clock import (
-    FINISHING_SECONDS,
-    RESTART_SECONDS,
-    SAFETY,
-    BudgetClock,
-    BudgetError,
-)
+from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, RESTART_SECONDS, SAFETY, BudgetClock
 from hf_vanilla_transformer.training.budget.deadline import events_due
 from hf_vanilla_transformer.training.budget.fitting import replan_bound
 from hf_vanilla_transformer.training.budget.schedule import RateRule, learning_rate
 from hf_vanilla_transformer.training.recipes import parse_run
 from hf_vanilla_transformer.training.settings import settle, update_choices, update_size
-from hf_vanilla_transformer.utils.stages import SetupClock
 
 
 def arguments(tmp_path, **fields) -> TransformerTrainingArguments:
@@ -107,20 +100,6 @@ def test_the_time_left_is_one_formula_with_named_margins():
     assert BudgetClock(0.0, None).seconds_left() == float("inf")  # no budget
     with pytest.raises(ValueError, match="max_minutes=16.6667 leaves no time to train"):
         clock.check_setup({"corpus": {"seconds": 30.0}})
-
-
-def test_the_set_up_clock_stops_the_set_up_once_a_stage_has_spent_the_budget():
-    """The set-up clock checks the budget after each stage (`check`): the stage that spends it raises, naming what each
-    stage took; the stages before it pass."""
-    now = [0.0]
-    budget = BudgetClock(origin=0.0, seconds=FINISHING_SECONDS + 10.0, now=lambda: now[0])
-    setup = SetupClock(0.0, check=budget.check_setup)
-    with setup.stage("corpus"):
-        now[0] = 5.0
-    spent = r"the set-up alone took 0.2 min \(corpus 0 s, tokenizer 0 s\)"
-    with pytest.raises(BudgetError, match=spent), setup.stage("tokenizer"):
-        now[0] = 11.0
-    assert list(setup.stages) == ["corpus", "tokenizer"] and SetupClock(0.0).check is None
 
 
 def test_checkpoints_and_validations_come_a_spacing_after_the_last_one_and_never_just_before_the_end():

@@ -89,14 +89,13 @@ def _train_and_evaluate(settings: RunSettings, command: str, examples: int, star
         validate_checkpoint(resume)
         logger.info("resuming from %s", resume)
     # 2. The data, once; a saved model to continue measured before its first update (`training/start.py`).
-    data = prepare_data(settings, SetupClock(started, rank=args.process_index, check=clock.check_setup))
+    data = prepare_data(settings, clock, SetupClock(started, rank=args.process_index))
     start = None
     if settings.recipe.model_name_or_path:  # fine-tuning: the main process measures, every process waits for it
         with data.clock.stage("starting point"):
             start = main_process_value(starting_point(settings, data))
     if start is not None:  # measured again at the end, in the budget: twice its time (a worse model decodes longer)
         clock = clock.with_final_check(2 * start["seconds"])
-        data.clock.check = clock.check_setup  # the set-up's later stages (model, plan) checked against it
     # 3-5. Plan, Trainer, train; a switch to another choice goes back to the plan with the same data.
     training = prepare_training(settings, data, clock, resume)
     train_started = time.time()
@@ -190,7 +189,7 @@ def prepare_run(settings: RunSettings, started: float | None = None, resume: str
     started = time.time() if started is None else started
     Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
     clock = BudgetClock.starting(started, settings.max_minutes)
-    data = prepare_data(settings, SetupClock(started, rank=settings.args.process_index, check=clock.check_setup))
+    data = prepare_data(settings, clock, SetupClock(started, rank=settings.args.process_index))
     return PreparedRun(settings, data, prepare_training(settings, data, clock, resume))
 
 

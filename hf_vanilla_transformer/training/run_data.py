@@ -22,6 +22,7 @@ from ..data.tokenizer import wrap_tokenizer
 from ..utils.distributed import main_process_value, result_or_error
 from ..utils.machine import release_mapped_pages
 from ..utils.stages import SetupClock
+from .budget import BudgetClock
 
 
 logger = logging.getLogger(__name__)
@@ -44,10 +45,10 @@ class PreparedData:
     test: object  # datasets.Dataset: the test split, else the validation split (`hold_out` gives every corpus one)
 
 
-def prepare_data(settings, clock: SetupClock) -> PreparedData:
+def prepare_data(settings, budget: BudgetClock, clock: SetupClock) -> PreparedData:
     """The corpus read and the training split tokenized once per machine (the machine's first process does it, the
-    others read the cache), the tokenizer made once per launch, the batches cut from the length columns, each a stage
-    of the set-up `clock` (which stops the set-up once it has spent the budget: its `check`)."""
+    others read the cache), the tokenizer made once per launch, the batches cut from the length columns; the set-up
+    stopped as soon as it has spent the whole `budget`."""
     recipe, args = settings.recipe, settings.args
     output_dir = Path(settings.output_dir)
     with clock.stage("corpus") as facts:
@@ -58,12 +59,14 @@ def prepare_data(settings, clock: SetupClock) -> PreparedData:
             languages = (recipe.source_lang, recipe.target_lang)
             corpus = _read_corpus(recipe.dataset, languages, files, recipe.data_cache_dir, recipe.wmt14_dir)
         facts["skipped_lines"] = corpus.skipped_lines
+    budget.check_setup(clock.stages)
     with clock.stage("tokenizer"):
         if recipe.model_name_or_path:
             tokenizer = AutoTokenizer.from_pretrained(recipe.model_name_or_path)
         else:
             bpe = (recipe.vocab_size, recipe.scale_vocab_to_corpus, recipe.bpe_sample_pairs, recipe.data_cache_dir)
             tokenizer = launch_tokenizer(corpus["train"], output_dir, bpe, args.process_index, args.should_save)
+    budget.check_setup(clock.stages)
     with clock.stage("tokenize") as facts:
         with args.main_process_first(local=True, desc="tokenizing"):
             folder = tokenized_folder(corpus["train"], tokenizer, recipe.max_length, recipe.data_cache_dir)
@@ -79,6 +82,7 @@ def prepare_data(settings, clock: SetupClock) -> PreparedData:
         # What the set-up read of the corpus and its tokenization (file headers, length columns) is unmapped: the
         # first update maps the pages of its own rows only.
         release_mapped_pages()
+    budget.check_setup(clock.stages)
     held_out = DatasetDict({name: split for name, split in corpus.items() if name != "train"})
     evaluation = encoded.get("validation")
     if evaluation is not None and recipe.max_eval_samples is not None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +20,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class SetupClock:
-    """Stages of this process's set-up; `started` is the process's start (time.time() scale). `check(stages)`, where
-    given, is called after each stage: a time budget's (`BudgetClock.check_setup`), which stops the set-up once it
-    has spent the whole budget."""
+    """Stages of this process's set-up; `started` is the process's start (time.time() scale)."""
 
     started: float
     rank: int = 0
-    check: Callable[[dict], None] | None = field(default=None, repr=False, compare=False)
     stages: dict[str, dict] = field(default_factory=dict)
     at_start: dict[str, int] = field(default_factory=memory_now)  # before any data: the interpreter and libraries
 
@@ -46,8 +42,6 @@ class SetupClock:
         )
         figures = self.stages[name]
         logger.info("%s: %.1f s (peak RSS %.2f GB)", name, figures["seconds"], figures["peak_rss_bytes"] / 2**30)
-        if self.check is not None:
-            self.check(self.stages)
 
     def first_update(self) -> None:
         """Record the end of the first update, in seconds since the process started."""

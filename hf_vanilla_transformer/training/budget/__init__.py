@@ -17,7 +17,7 @@ measuring.py        measure: one model size's update (its choices staged and ran
 fitting.py          fit: what a measured update fits into the budget, from the plan's inputs (PlanInputs);
                     the epoch's updates, the re-plans' bound
 applying.py       the plan's decisions on the Trainer's arguments and the model: their one place
-replanning.py     the length re-fitted from the Trainer's own updates (and the new batch shapes they meet); a
+replanning.py     the length re-fitted from the Trainer's own updates, the new batch shapes they meet paid; a
                   switch to another choice
 deadline.py       the budget's callback: the deadline, the re-plans and the spacing, as decisions it returns;
                   the Trainer's own updates and pauses it measures (UpdateMeter)

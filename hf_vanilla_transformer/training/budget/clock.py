@@ -59,8 +59,7 @@ class BudgetClock:
 
     def check_setup(self, stages: dict) -> None:
         """A BudgetError once the set-up (`stages`: the set-up clock's, with their seconds) has spent the whole
-        budget, naming what it took: the planner would find no time left, but only after the rest of the set-up. The
-        set-up clock calls it after each stage (`utils.stages.SetupClock.check`)."""
+        budget, naming what it took: the planner would find no time left, but only after the rest of the set-up."""
         if self.seconds_left() > 0:
             return
         spent = ", ".join(f"{name} {facts['seconds']:.0f} s" for name, facts in stages.items())

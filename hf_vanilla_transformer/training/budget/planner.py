@@ -188,10 +188,12 @@ def budgeted_plan(
     measured with its time (the Trainer's: times `ratio`)."""
     times, several = {}, len(inputs.presets) > 1
     for name, sized in measured.items():
-        times.update({(f"{name}/" if several else "") + key: s for key, s in sized.measurement.measured.items()})
+        each = sized.measurement
+        times.update({(f"{name}/" if several else "") + key: seconds for key, seconds in each.measured.items()})
     sized, timing, steps = measured[preset], chosen.timing, chosen.max_steps
     plan = schedule(inputs, sized.model, steps, chosen.max_tokens, sized.measurement, reasons, times)
-    # What the fit says of every choice measured and of the chosen run (then, in make_plan, the re-plans' rules).
+    # After the schedule, what the fit says of every choice measured and of the chosen run, and then in make_plan
+    # the re-plans' rules: fitting.py is asked once for all three (tests/test_run_order.py counts the returns).
     candidates = [
         candidate(inputs, name, size, timed, ratio)
         for name, each in measured.items()
