@@ -193,12 +193,13 @@ def main() -> None:
         for file, name in walk.callers:
             of_unit.setdefault((file, name.split(".")[0]), len(of_unit))
     units = list(of_unit)
-    unknown = [unit for unit in units if unit not in every]  # (a module's own code, calling at import: it stays)
+    unknown = [unit for unit in units if unit not in every]  # (a module's own code, calling at import: not movable)
     if unknown:
         raise SystemExit(f"units that are no top-level function or class of training/: {unknown}")
     sizes = [every[unit] for unit in units]
     rooms = [0 if options.mix_rooms else int(file.startswith("budget/")) for file, _ in units]
-    today = [sorted({file for file, _ in units}).index(file) for file, _ in units]
+    names = sorted({file for file, _ in units})  # today's files; a layout's file i < len(names) is names[i]
+    today = [names.index(file) for file, _ in units]
     if options.count == "calls":
         count = calls_counter(walk.calls, walk.callers, of_unit)
         lines, *counted = test.marked(test.first_visits(walk.entering))
@@ -210,8 +211,7 @@ def main() -> None:
     if count(today) != tuple(counted):
         raise SystemExit(f"counted by unit, today's layout gives {count(today)}, not {tuple(counted)}")
     if options.goal:
-        goal = options.goal
-        score, temperature = fewest_moves(count, today, goal), 20.0
+        score, temperature = fewest_moves(count, today, options.goal), 20.0
     else:
         score, temperature = fewest_returns(count), 3.0
     rng, started, best = random.Random(options.seed), time.time(), None
@@ -224,7 +224,6 @@ def main() -> None:
     entries, returns = count(files)
     print(f"best layout found: {entries} file entries, {returns} returns, files of at most {options.lines} lines")
     if options.goal:
-        names = sorted({file for file, _ in units})
         moved = [(units[unit], files[unit]) for unit in range(len(units)) if files[unit] != today[unit]]
         print(f"{len(moved)} of {len(units)} units moved from today's files" + (":" if moved else ""))
         for (file, name), target in moved:

@@ -156,7 +156,7 @@ def test_a_budgeted_run_enters_few_files_and_returns_to_few(tmp_path):
     print(f"issue 49's count: {called_entries} file entries, {called_returns} returns to a file already left:\n{calls}")
     assert entries <= MOST_ENTRIES and returns <= MOST_RETURNS, path
     assert called_entries <= MOST_CALLED_ENTRIES and called_returns <= MOST_CALLED_RETURNS, calls
-    assert set(called) <= set(order) and ("run.py", "_train_and_evaluate") not in called  # run.py calls it itself
+    assert ("run.py", "_train_and_evaluate") not in called  # run.py calls it itself
     assert order[0] == ("run.py", "_train_and_evaluate") and ("results.py", "run_results") in order
     # The walk sees what a count of the plan's carriers did not: the plan's own steps.
     assert {"budget/planner.py", "budget/measuring.py", "budget/fitting.py", "budget/applying.py"} <= {

@@ -59,18 +59,17 @@ def make_plan(
     recorded = recorded_plan(settings.output_dir, resume) if resume is not None or settings.budgeted else None
     if recorded is not None and (resume is not None or recorded.record.max_minutes is not None):
         budgeted = kept_plan(recorded, settings, data, model, clock, resumed=resume is not None, build=build)
+    else:
+        inputs = plan_inputs(settings, data, clock, build, trainer_class)
+        plan = main_process_value(result_or_error(plan_run, inputs, model, restart))
+        if isinstance(plan, Exception):  # the main process failed: every process stops with its error
+            raise plan
+        budgeted = Budgeted(plan, replan_rules(inputs, plan) if plan.record.max_minutes else None)
         if settings.args.should_save:
-            print(f"Plan: {budgeted.plan.summary()}.", flush=True)
-        return budgeted
-    inputs = plan_inputs(settings, data, clock, build, trainer_class)
-    plan = main_process_value(result_or_error(plan_run, inputs, model, restart))
-    if isinstance(plan, Exception):  # the main process failed: every process stops with its error
-        raise plan
-    rules = replan_rules(inputs, plan) if plan.record.max_minutes else None
+            write_plan(settings.output_dir, plan)
     if settings.args.should_save:
-        write_plan(settings.output_dir, plan)
-        print(f"Plan{', started again' if restart else ''}: {plan.summary()}.", flush=True)
-    return Budgeted(plan, rules)
+        print(f"Plan{', started again' if restart else ''}: {budgeted.plan.summary()}.", flush=True)
+    return budgeted
 
 
 def kept_plan(recorded: BudgetPlan, settings, data, model, clock, resumed: bool, build=None) -> Budgeted:
