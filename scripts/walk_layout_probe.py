@@ -15,9 +15,13 @@ counts are those of the walk traced.
 
     python scripts/walk_layout_probe.py [--count walk|calls] [--goal 30,10] [--lines 430] [--restarts 12]
                                         [--moves 200000] [--seed 0] [--mix_rooms]
+    python scripts/walk_layout_probe.py --move budget/clock.py=budget/fitting.py --drop results.py:_training ...
 
 It prints today's walk, its counts and the best layout found, a file per line (its units, and their files today),
-or, with `--goal`, the units it moves.
+or, with `--goal`, the units it moves. With `--move` or `--drop` it searches nothing: it replays the traced walk with
+those changes, counted as issue 49 counts (`--count calls`), and prints the path. `--move FROM=TO` puts a file, a
+unit (`file:Class`) or one function (`file:Class.method`) in the file TO; `--drop file:function` removes every call
+of that function (a call replaced by a value) and the calls it made itself (deeper ones are still counted).
 """
 
 from __future__ import annotations
@@ -163,6 +167,27 @@ def entries_and_returns(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
+def replayed(calls, callers, moves: dict[str, str], drops: set[str]) -> list[tuple[str, str]]:
+    """The functions first called from another file (issue 49's count, `Walk.entering`) once `moves` (a file, a
+    unit `file:Class` or a function `file:Class.method` -> its new file) and `drops` (`file:function`: its calls
+    removed) are applied to the traced `calls` and their `callers`."""
+
+    def where(file: str, name: str) -> str:
+        parts = name.split(".")
+        for key in (f"{file}:{name}", f"{file}:{'.'.join(parts[:2])}", f"{file}:{parts[0]}", file):
+            if key in moves:
+                return moves[key]
+        return file
+
+    entering = []
+    for (file, name), (caller_file, caller) in zip(calls, callers, strict=True):
+        if f"{file}:{name}" in drops or f"{caller_file}:{caller}" in drops:
+            continue
+        if where(file, name) != where(caller_file, caller):
+            entering.append((where(file, name), name))
+    return entering
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--lines", type=int, default=430, help="most lines of walked code in a file")
@@ -181,10 +206,34 @@ def main() -> None:
         default=None,
         help="ENTRIES,RETURNS: the fewest units moved from today's files that reach it instead",
     )
+    parser.add_argument(
+        "--move",
+        action="append",
+        default=[],
+        metavar="FROM=TO",
+        help="replay with a file, unit or function (file:Class.method) moved to the file TO; searches nothing",
+    )
+    parser.add_argument(
+        "--drop",
+        action="append",
+        default=[],
+        metavar="FILE:FUNCTION",
+        help="replay with every call of that function removed (replaced by a value); searches nothing",
+    )
     options = parser.parse_args()
+    moves = dict(move.split("=", 1) for move in options.move if "=" in move)
+    if len(moves) != len(options.move):
+        parser.error(f"--move {options.move}: expected FROM=TO, such as budget/clock.py=budget/fitting.py")
     from hf_vanilla_transformer import training
 
     walk, test = traced_walk()
+    if moves or options.drop:
+        lines, entries, returns = test.marked(
+            test.first_visits(replayed(walk.calls, walk.callers, moves, set(options.drop)))
+        )
+        print("\n".join(lines))
+        print(f"replayed: {entries} file entries, {returns} returns (issue 49's count)")
+        return
     order = test.first_visits(walk.calls)
     every = unit_sizes(Path(training.__file__).parent)
     of_unit = {}  # (file, top-level name) -> its index, in the order first called (then the callers' own)

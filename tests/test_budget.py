@@ -296,14 +296,10 @@ def test_a_smaller_preset_is_trained_where_the_recipes_does_not_reach_its_update
         preset_choices(dataclasses.replace(recipe, preset_choices="small,huge"))
 
 
-def test_the_precision_is_chosen_at_the_largest_batch_and_a_size_too_slow_at_its_smallest_is_measured_no_further(
-    tmp_path, monkeypatch
-):
-    """The H100's check measured the precisions of big at 4,096 tokens (the smallest batch) and chose tf32, a
-    launch-bound update's fastest, for a run that then trained at 25,000. With stand-in timings (an update's time
-    grows with the batch and the width; bf16 pays a fixed extra, tf32 a share of the batch): the precisions and
-    attentions are measured on the first size at the largest batch, each size first at its smallest batch, and one
-    too slow there (base) has no other batch size, checkpoint or decoding step measured."""
+def _staged_plan(tmp_path, monkeypatch, recipe: ModelDataArguments):
+    """The plan of `recipe` (bf16 and tf32, eager and sdpa open) on the 200-pair fixture, its updates timed by a
+    stand-in (an update's time grows with the batch and the width; bf16 pays a fixed extra, tf32 a share of the
+    batch; eager a fifth more): (the plan, (width, batch, candidate) in the order timed, the checkpoints timed)."""
     from hf_vanilla_transformer.training.budget import calibration as calibration_module
     from hf_vanilla_transformer.training.budget import measuring as measuring_module
     from hf_vanilla_transformer.training.budget import planner as planner_module
@@ -312,22 +308,15 @@ def test_the_precision_is_chosen_at_the_largest_batch_and_a_size_too_slow_at_its
     from hf_vanilla_transformer.training.run_data import prepare_data
     from hf_vanilla_transformer.utils.stages import SetupClock
 
-    recipe = _small_or_tiny(
-        preset="base", preset_choices="base,small,tiny", min_updates=20_000, max_minutes=30, checkpoints_per_run=4
-    )
     args = TransformerTrainingArguments(output_dir=str(tmp_path / "run"), use_cpu=True, disable_tqdm=True)
     settings = dataclasses.replace(
         settle(recipe, args), choices=UpdateChoices(("bf16", "tf32"), ("eager", "sdpa"), (False,), True)
     )
     started = time.time()
-    clock = BudgetClock.starting(started, 30)
+    clock = BudgetClock.starting(started, recipe.max_minutes)
     data = prepare_data(settings, clock, SetupClock(started))
     widths = {}
     measured = []  # (width, size, candidate key) in the order measured
-
-    def update_seconds(width: int, size: int, precision: str, attention: str) -> float:
-        share = {"bf16": 0.5, "tf32": 1.0}[precision] * size / 512 + {"bf16": 1.0, "tf32": 0.0}[precision]
-        return share * width / 128 * (1.2 if attention == "eager" else 1.0)
 
     def stand_in(model, batches, candidates, *args, **kwargs):
         width, size = model.config.d_model, batches[0]["size"]
@@ -342,9 +331,32 @@ def test_the_precision_is_chosen_at_the_largest_batch_and_a_size_too_slow_at_its
     monkeypatch.setattr(calibration_module.Calibration, "batches", lambda self, size, count, taken: [{"size": size}])
     monkeypatch.setattr(measuring_module, "measure_checkpoint_seconds", lambda model: checkpoints.append(1) or 0.01)
     monkeypatch.setattr(planner_module, "trainer_ratio", lambda inputs, *chosen: (1.0, [], None))
-    model = build_model(recipe, data.tokenizer, "base")
+    model = build_model(recipe, data.tokenizer, recipe.preset)
     build = lambda preset: widths.setdefault(preset, build_model(recipe, data.tokenizer, preset))  # noqa: E731
-    plan = planner_module.plan_run(planner_module.plan_inputs(settings, data, clock, build), model)
+    return (
+        planner_module.plan_run(planner_module.plan_inputs(settings, data, clock, build), model),
+        measured,
+        checkpoints,
+    )
+
+
+def update_seconds(width: int, size: int, precision: str, attention: str) -> float:
+    """The stand-in's seconds of an update of a model `width` wide on batches of `size` tokens (`_staged_plan`)."""
+    share = {"bf16": 0.5, "tf32": 1.0}[precision] * size / 512 + {"bf16": 1.0, "tf32": 0.0}[precision]
+    return share * width / 128 * (1.2 if attention == "eager" else 1.0)
+
+
+def test_the_precision_is_chosen_at_the_largest_batch_and_a_size_too_slow_at_its_smallest_is_measured_no_further(
+    tmp_path, monkeypatch
+):
+    """The H100's check measured the precisions of big at 4,096 tokens (the smallest batch) and chose tf32, a
+    launch-bound update's fastest, for a run that then trained at 25,000. With stand-in timings: the precisions and
+    attentions are measured on the first size at the largest batch, each size first at its smallest batch, and one
+    too slow there (base) has no other batch size, checkpoint or decoding step measured."""
+    recipe = _small_or_tiny(
+        preset="base", preset_choices="base,small,tiny", min_updates=20_000, max_minutes=30, checkpoints_per_run=4
+    )
+    plan, measured, checkpoints = _staged_plan(tmp_path, monkeypatch, recipe)
     base, small = 512, 256
     stages = [(width, size) for width, size, _ in measured]
     # 1. base's precisions and attentions at the largest batch (1,024); bf16 wins there, tf32 at 512 would have.
@@ -356,6 +368,23 @@ def test_the_precision_is_chosen_at_the_largest_batch_and_a_size_too_slow_at_its
     assert (plan.choice.precision, plan.choice.attn_implementation) == ("bf16", "sdpa")
     assert len(checkpoints) == 1  # small's: base was not measured that far
     assert "base/bf16/sdpa@512" in plan.record.measured and "base/bf16/sdpa@1024" in plan.record.measured
+
+
+def test_one_size_is_chosen_at_its_largest_batch_then_timed_at_its_smallest_then_at_the_rest(tmp_path, monkeypatch):
+    """One model size: the measuring step stages the choice at the largest batch, then times the chosen update alone
+    (a stage of one) at the smallest and then at the batches between, each once; the choice said in words."""
+    recipe = _small_or_tiny(
+        preset="tiny", preset_choices=None, max_tokens_choices="1024,768,512", max_minutes=30, checkpoints_per_run=4
+    )
+    plan, measured, checkpoints = _staged_plan(tmp_path, monkeypatch, recipe)
+    tiny = 32
+    keys = {f"{p}/{a}" for p in ("bf16", "tf32") for a in ("eager", "sdpa")}
+    assert [(width, size) for width, size, _ in measured[:4]] == [(tiny, 1024)] * 4
+    assert {key for _, _, key in measured[:4]} == keys
+    assert measured[4:] == [(tiny, 512, "bf16/sdpa"), (tiny, 768, "bf16/sdpa")]
+    assert set(plan.record.measured) == {*(f"{key}@1024" for key in keys), "bf16/sdpa@512", "bf16/sdpa@768"}
+    assert len(checkpoints) == 1 and plan.record.reasons[1].startswith("bf16: ")
+    assert "per update against" in plan.record.reasons[1] and "in tf32" in plan.record.reasons[1]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -74,8 +74,9 @@ def test_the_plans_steps_return_values_and_never_call_back_into_their_caller():
     """measure -> choose -> fit -> schedule: no module of the room imports one that imports it, however far round
     (graphlib finds the cycle); the calibration, under the measuring step, imports none of the room and takes no
     ranking: it hands its times back (`Calibration.measure_stage`) and the measuring step ranks them
-    (`fitting.rank`); and the planner hands no code of its own down to the steps it calls (no function or lambda
-    defined inside another)."""
+    (`fitting.rank`), says its choice in words and times the chosen update at more batch sizes (as stages of one):
+    the calibration times what it is given and decides nothing; and the planner hands no code of its own down to the
+    steps it calls (no function or lambda defined inside another)."""
     graph = room_imports()
     graphlib.TopologicalSorter(graph).prepare()  # raises CycleError on a cycle
     assert graph["calibration"] == set() and "calibration" in graph["measuring"] and "fitting" in graph["measuring"]
@@ -84,6 +85,9 @@ def test_the_plans_steps_return_values_and_never_call_back_into_their_caller():
     functions = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)]
     parameters = {arg.arg for node in functions for arg in node.args.kwonlyargs + node.args.args}
     assert not parameters & {"rank", "order", "best", "score"} and "Callable[[Timing" not in source, parameters
+    calibration = next(node for node in ast.parse(source).body if getattr(node, "name", None) == "Calibration")
+    assert {node.name for node in calibration.body if isinstance(node, ast.FunctionDef)} == {"batches", "measure_stage"}
+    assert "def choice_reasons(" in (budget / "measuring.py").read_text(encoding="utf-8")
     planner = ast.parse((budget / "planner.py").read_text(encoding="utf-8"))
     handed = [
         f"planner.py:{inner.lineno}"

@@ -102,6 +102,29 @@ def test_the_time_left_is_one_formula_with_named_margins():
         clock.check_setup({"corpus": {"seconds": 30.0}})
 
 
+def test_a_budget_spent_before_the_set_up_stops_the_run_before_the_corpus_is_read(tmp_path):
+    """The budget is checked at the run's start too: a process that began an hour before its one-minute budget's run
+    stops there, in one line, before any corpus is read or cached (the set-up's own checks come after each stage)."""
+    import time
+
+    from hf_vanilla_transformer.training.budget import BudgetError
+    from hf_vanilla_transformer.training.run import train_and_evaluate
+
+    from conftest import FIXTURES
+
+    cache = tmp_path / "cache"
+    settings = parse_run(
+        [
+            *("--recipe", "cpu", "--preset", "tiny", "--max_minutes", "1", "--output_dir", str(tmp_path / "run")),
+            *("--data_files", str(FIXTURES / "libreoffice_help_en_de_200.tsv"), "--data_cache_dir", str(cache)),
+        ]
+    )
+    said = r"max_minutes=1 leaves no time to train: the set-up alone took 60\.\d min \(before its first stage\)"
+    with pytest.raises(BudgetError, match=said):
+        train_and_evaluate(settings, started=time.time() - 3600)
+    assert not cache.exists() or not any(cache.iterdir())
+
+
 def test_checkpoints_and_validations_come_a_spacing_after_the_last_one_and_never_just_before_the_end():
     # Checkpoints every 100 updates, validations every 200 (at checkpoints): from the last of each.
     assert events_due(100, 1000, 100, 100, 100, 200, validates=True) == (True, False)

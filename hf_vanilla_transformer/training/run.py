@@ -82,6 +82,7 @@ def _train_and_evaluate(settings: RunSettings, command: str, examples: int, star
     args = settings.args
     Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     clock = BudgetClock.starting(started, settings.max_minutes)
+    clock.check_setup({})  # a budget spent before the set-up begins stops the run before the corpus is read
     # The main process picks the checkpoint to resume from and every process takes the same one (on several
     # machines, output_dir must be storage they share: only the main process writes checkpoints).
     resume = main_process_value(args.resume_from_checkpoint or latest_checkpoint(args.output_dir))
@@ -189,6 +190,7 @@ def prepare_run(settings: RunSettings, started: float | None = None, resume: str
     started = time.time() if started is None else started
     Path(settings.output_dir).mkdir(parents=True, exist_ok=True)
     clock = BudgetClock.starting(started, settings.max_minutes)
+    clock.check_setup({})
     data = prepare_data(settings, clock, SetupClock(started, rank=settings.args.process_index))
     return PreparedRun(settings, data, prepare_training(settings, data, clock, resume))
 

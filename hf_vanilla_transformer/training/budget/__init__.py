@@ -13,7 +13,7 @@ costs.py          what a run's parts cost (decoding, validation, new shapes) and
 schedule.py       the §5.3 schedule in numbers: warmup, learning rate, event spacing; the Trainer's scheduler
 plan.py           the plan (BudgetPlan), a value
 planner.py        make_plan: the plan from the settled run and its data, in steps that return values:
-measuring.py        measure: one model size's update (its choices staged and ranked), checkpoint, decoding step
+measuring.py        measure: one model size's update (its choices staged, ranked and said), checkpoint, decoding step
 fitting.py          fit: what a measured update fits into the budget, from the plan's inputs (PlanInputs);
                     the epoch's updates, the re-plans' bound
 applying.py       the plan's decisions on the Trainer's arguments and the model: their one place

@@ -100,7 +100,7 @@ class Calibration:
     """How a run's updates are measured on its device: the `choices` open, `sample_batches(max_tokens, count,
     taken)` (that many collated batches of that size, of shapes not in the set `taken`, to which it adds them), the
     optimizer the Trainer will build (`trainer_optimizer`) and the compile mode. `measure_stage` measures one
-    stage's candidates, `extend` the chosen one at more batch sizes."""
+    stage's candidates (the measuring step's chosen one at more batch sizes is a stage of one)."""
 
     choices: UpdateChoices
     device: torch.device
@@ -127,21 +127,6 @@ class Calibration:
             # from scratch (their `once` counts it) and within dynamo's limits.
             torch._dynamo.reset()
         return timings
-
-    def extend(self, model: torch.nn.Module, measurement: Measurement, sizes: Iterable[int]) -> Measurement:
-        """`measurement` with its chosen candidate timed at each of `sizes` it has no time for yet (each size on
-        batches of shapes of its own), on copies of `model`."""
-        key = candidate_key(*measurement.fixed)
-        for size in [size for size in sizes if size not in measurement.per_size]:
-            batches = self.batches(size, SAMPLE_BATCHES, set())
-            timing = measure_updates(
-                model, batches, [measurement.fixed], self.optimizer, self.device, compile_mode=self.compile_mode
-            )[key]
-            measurement.per_size[size] = timing
-            measurement.measured[f"{key}@{size}"] = timing.steady
-        if measurement.compiled:
-            torch._dynamo.reset()
-        return measurement
 
 
 def measure_updates(
@@ -297,50 +282,3 @@ def trainer_optimizer(args) -> Callable:
 
     optimizer_class, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
     return lambda parameters: optimizer_class(parameters, **kwargs)
-
-
-def choice_reasons(choices: UpdateChoices, device, lists, timings, chosen: Candidate) -> list[str]:
-    """The choice `chosen` (made by the measuring step among `lists`) in words: each open one with its time against
-    the others measured in `timings`, and the candidates left out with their failures."""
-    precisions, attentions, compiles = lists
-    precision, attention, compiled = chosen
-
-    def against(name: str, others: list[Candidate], label: Callable[[Candidate], str]) -> str:
-        mine = timings[candidate_key(*chosen)]
-        measured = {key for key, timing in timings.items() if not timing.failure}
-        rest = [c for c in others if c != chosen and candidate_key(*c) in measured]
-        return f"{name}: {_seconds(mine)} per update against " + ", ".join(
-            f"{_seconds(timings[candidate_key(*c)])} {label(c)}" for c in rest
-        )
-
-    reasons = [f"{key} left out: {timing.failure}" for key, timing in timings.items() if timing.failure]
-    if choices.precision_open and len(precisions) == 1 and device.type == "cpu":
-        reasons.append("fp32: no bf16 matrix units in this CPU (AMX or AVX512-BF16)")
-    elif len(precisions) > 1:
-        reasons.append(against(precision, [(p, attention, compiled) for p in precisions], lambda c: f"in {c[0]}"))
-    else:
-        reasons.append(f"{precision} as given")
-    if len(attentions) > 1:
-        reasons.append(
-            against(f"{attention} attention", [(precision, a, compiled) for a in attentions], lambda c: f"with {c[1]}")
-        )
-    if len(compiles) > 1:
-        name = "a compiled training step" if compiled else "an eager training step"
-        reasons.append(
-            against(name, [(precision, attention, c) for c in compiles], lambda c: "compiled" if c[2] else "eager")
-        )
-    elif choices.compile_open and device.type == "cuda" and not compiled:
-        reasons.append(
-            f"an eager training step (a compiled one is measured in runs of {COMPILE_AFTER_MINUTES}+ minutes)"
-        )
-    return reasons
-
-
-def _seconds(timing: Timing) -> str:
-    """`0.35 s`, with what a new batch shape adds where it is worth saying (a tenth of an update or more)."""
-    text = f"{timing.steady:.2f} s" if timing.steady >= 0.1 else f"{timing.steady * 1000:.1f} ms"
-    if timing.per_shape >= 0.1 * timing.steady and timing.per_shape >= 0.001:
-        text += f" (+{timing.per_shape:.2f} s a new batch shape)"
-    if timing.once >= 1.0:
-        text += f" (+{timing.once:.0f} s once)"
-    return text

@@ -58,12 +58,14 @@ class BudgetClock:
         return max(0.0, left) * SAFETY if planned else left
 
     def check_setup(self, stages: dict) -> None:
-        """A BudgetError once the set-up (`stages`: the set-up clock's, with their seconds) has spent the whole
-        budget, naming what it took: the planner would find no time left, but only after the rest of the set-up."""
+        """A BudgetError once the set-up (`stages`: the set-up clock's, with their seconds; none at the run's start,
+        before the corpus is read) has spent the whole budget, naming what it took: the planner would find no time
+        left, but only after the rest of the set-up."""
         if self.seconds_left() > 0:
             return
-        spent = ", ".join(f"{name} {facts['seconds']:.0f} s" for name, facts in stages.items())
+        stages_said = ", ".join(f"{name} {facts['seconds']:.0f} s" for name, facts in stages.items())
+        hint = " (the set-up is faster from the data cache)" if stages else ""
         raise BudgetError(
             f"max_minutes={self.seconds / 60:g} leaves no time to train: the set-up alone took {self.spent() / 60:.1f} "
-            f"min ({spent}); give more minutes (the set-up is faster from the data cache)."
+            f"min ({stages_said or 'before its first stage'}); give more minutes{hint}."
         )

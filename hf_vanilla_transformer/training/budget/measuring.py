@@ -1,7 +1,8 @@
 """Measuring one model size for the plan, as values: its update's precision, attention and compilation, chosen here
 from the times the calibration hands back (`calibration.py`), in stages and in the order the budget gives them
-(`measure_update`), the time of a batch at each batch size, a checkpoint's seconds, and on a GPU a decoding step's
-latency (`decode_speed.py`)."""
+(`measure_update`), and said in words (`choice_reasons`); the chosen one's time at each batch size (`extended`), a
+checkpoint's seconds, and on a GPU a decoding step's latency (`decode_speed.py`). The calibration times what it is
+given; what to time next, and which time wins, is decided here."""
 
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ import torch
 
 from ...data.collating import collate_rows, measured_batches, training_collator
 from .calibration import (
+    COMPILE_AFTER_MINUTES,
     Calibration,
     Candidate,
     Measurement,
     Timing,
     UpdateChoices,
     candidate_key,
-    choice_reasons,
 )
 from .costs import BudgetRules, decoding_steps, validation_decoding_steps
 from .decode_speed import measure_decode_step, median_batch
@@ -71,16 +72,19 @@ def measure_size(
     if known is not None:
         return Sized(model, known, checkpoint_seconds(inputs, model), measure_decoding(inputs, model, known))
     sizes, calibration = inputs.settings.token_sizes, calibration_of(inputs, model)
-    if screened is None:
-        if math.prod(map(len, open_lists(inputs.settings.choices, fixed))) == 1:  # nothing to choose
-            screened = measure_update(calibration, model, sizes[-1:], every_size=True, fixed=fixed)
-        else:
-            order = functools.partial(rank, inputs)
-            screened = measure_update(calibration, model, sizes[:1], every_size=True, order=order)
-            screened = calibration.extend(model, screened, sizes[-1:])
-        if len(inputs.presets) > 1:
-            return Sized(model, screened, 0.0, None)
-    measurement = calibration.extend(model, screened, sizes)
+    several = len(inputs.presets) > 1
+    if screened is not None:
+        measurement = extended(calibration, model, screened, screened.fixed, sizes)
+    else:
+        # The choice staged at the largest batch (at the smallest where nothing is open), then the smallest (a size
+        # of several is screened there), then, with one size, the others.
+        nothing_open = math.prod(map(len, open_lists(inputs.settings.choices, fixed))) == 1
+        first = list(dict.fromkeys((sizes[-1],) if nothing_open else (sizes[0], sizes[-1])))
+        timed = first + ([] if several else [size for size in sizes if size not in first])
+        order = functools.partial(rank, inputs)
+        measurement = measure_update(calibration, model, timed, every_size=True, fixed=fixed, order=order)
+        if several:
+            return Sized(model, measurement, 0.0, None)
     return Sized(model, measurement, checkpoint_seconds(inputs, model), measure_decoding(inputs, model, measurement))
 
 
@@ -114,7 +118,20 @@ def measure_update(
     measurement = Measurement(*chosen, measured=measured, reasons=reasons)
     if key in timings:
         measurement.per_size[size] = timings[key]
-    return calibration.extend(model, measurement, sizes[1:]) if every_size else measurement
+    return extended(calibration, model, measurement, chosen, sizes[1:]) if every_size else measurement
+
+
+def extended(
+    calibration: Calibration, model, measurement: Measurement, candidate: Candidate, sizes: list[int]
+) -> Measurement:
+    """`measurement` with its chosen `candidate` timed at each of `sizes` it has no time for yet, each size a stage of
+    one on batches of shapes of its own (`Calibration.measure_stage`)."""
+    key = candidate_key(*candidate)
+    for size in [size for size in sizes if size not in measurement.per_size]:
+        timing = calibration.measure_stage(model, size, [candidate], set())[key]
+        measurement.per_size[size] = timing
+        measurement.measured[f"{key}@{size}"] = timing.steady
+    return measurement
 
 
 def open_lists(choices: UpdateChoices, fixed: Candidate | None) -> tuple[list, list, list]:
@@ -205,3 +222,50 @@ def decoding_on_gpu(rules: BudgetRules, data, alphas: int, device, eval_batch: i
     steps = decoding_steps(test) + alphas * decoding_steps(validation)
     during = validation_decoding_steps(validation, eval_batch, world_size)
     return replace(rules, steps=replace(rules.steps, test_steps=steps, validation_steps=during, batch=batch))
+
+
+def choice_reasons(choices: UpdateChoices, device, lists, timings, chosen: Candidate) -> list[str]:
+    """The choice `chosen` (made by `measure_update` among `lists`) in words: each open one with its time against the
+    others measured in `timings`, and the candidates left out with their failures."""
+    precisions, attentions, compiles = lists
+    precision, attention, compiled = chosen
+
+    def against(name: str, others: list[Candidate], label: Callable[[Candidate], str]) -> str:
+        mine = timings[candidate_key(*chosen)]
+        measured = {key for key, timing in timings.items() if not timing.failure}
+        rest = [c for c in others if c != chosen and candidate_key(*c) in measured]
+        return f"{name}: {_seconds(mine)} per update against " + ", ".join(
+            f"{_seconds(timings[candidate_key(*c)])} {label(c)}" for c in rest
+        )
+
+    reasons = [f"{key} left out: {timing.failure}" for key, timing in timings.items() if timing.failure]
+    if choices.precision_open and len(precisions) == 1 and device.type == "cpu":
+        reasons.append("fp32: no bf16 matrix units in this CPU (AMX or AVX512-BF16)")
+    elif len(precisions) > 1:
+        reasons.append(against(precision, [(p, attention, compiled) for p in precisions], lambda c: f"in {c[0]}"))
+    else:
+        reasons.append(f"{precision} as given")
+    if len(attentions) > 1:
+        reasons.append(
+            against(f"{attention} attention", [(precision, a, compiled) for a in attentions], lambda c: f"with {c[1]}")
+        )
+    if len(compiles) > 1:
+        name = "a compiled training step" if compiled else "an eager training step"
+        reasons.append(
+            against(name, [(precision, attention, c) for c in compiles], lambda c: "compiled" if c[2] else "eager")
+        )
+    elif choices.compile_open and device.type == "cuda" and not compiled:
+        reasons.append(
+            f"an eager training step (a compiled one is measured in runs of {COMPILE_AFTER_MINUTES}+ minutes)"
+        )
+    return reasons
+
+
+def _seconds(timing: Timing) -> str:
+    """`0.35 s`, with what a new batch shape adds where it is worth saying (a tenth of an update or more)."""
+    text = f"{timing.steady:.2f} s" if timing.steady >= 0.1 else f"{timing.steady * 1000:.1f} ms"
+    if timing.per_shape >= 0.1 * timing.steady and timing.per_shape >= 0.001:
+        text += f" (+{timing.per_shape:.2f} s a new batch shape)"
+    if timing.once >= 1.0:
+        text += f" (+{timing.once:.0f} s once)"
+    return text
