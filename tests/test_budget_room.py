@@ -88,6 +88,7 @@ def test_the_plans_steps_return_values_and_never_call_back_into_their_caller():
     calibration = next(node for node in ast.parse(source).body if getattr(node, "name", None) == "Calibration")
     assert {node.name for node in calibration.body if isinstance(node, ast.FunctionDef)} == {"batches", "measure_stage"}
     assert "def choice_reasons(" in (budget / "measuring.py").read_text(encoding="utf-8")
+    assert "def choice_reasons(" not in source and "reasons=" not in source
     planner = ast.parse((budget / "planner.py").read_text(encoding="utf-8"))
     handed = [
         f"planner.py:{inner.lineno}"

@@ -63,9 +63,11 @@ class BudgetClock:
         left, but only after the rest of the set-up."""
         if self.seconds_left() > 0:
             return
+        said, spent = f"max_minutes={self.seconds / 60:g} leaves no time to train", self.spent() / 60
+        if not stages:
+            raise BudgetError(f"{said}: {spent:.1f} min went before the set-up began; give more minutes.")
         stages_said = ", ".join(f"{name} {facts['seconds']:.0f} s" for name, facts in stages.items())
-        hint = " (the set-up is faster from the data cache)" if stages else ""
         raise BudgetError(
-            f"max_minutes={self.seconds / 60:g} leaves no time to train: the set-up alone took {self.spent() / 60:.1f} "
-            f"min ({stages_said or 'before its first stage'}); give more minutes{hint}."
+            f"{said}: the set-up alone took {spent:.1f} min ({stages_said}); give more minutes (the set-up is faster "
+            "from the data cache)."
         )
