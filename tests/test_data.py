@@ -279,7 +279,9 @@ def test_the_joined_corpus_is_built_again_when_what_it_joins_changes(tmp_path, m
 
     assert added not in pairs()
     catalogues = tmp_path / "usr/lib/libreoffice/program/resource/de/LC_MESSAGES"
-    write_mo(catalogues / "new.mo", {"": "Content-Type: text/plain; charset=UTF-8\n", "D\x04Save As": "Speichern unter"})
+    write_mo(
+        catalogues / "new.mo", {"": "Content-Type: text/plain; charset=UTF-8\n", "D\x04Save As": "Speichern unter"}
+    )
     assert added not in pairs()  # the UI corpus itself is cached: nothing changed yet
     shutil.rmtree(cache / "libreoffice-ui-messages-en-de")  # as a damaged entry is: built again, now with the message
     assert added in pairs()
