@@ -6,18 +6,22 @@ to the Trainer. The arguments a run is given are never changed."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
 
 from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
-from hf_vanilla_transformer.training.budget import BudgetPlan, apply_plan
+from hf_vanilla_transformer.training.budget import BudgetError, BudgetPlan, apply_plan
 from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, RESTART_SECONDS, SAFETY, BudgetClock
 from hf_vanilla_transformer.training.budget.deadline import events_due
 from hf_vanilla_transformer.training.budget.fitting import replan_bound
 from hf_vanilla_transformer.training.budget.schedule import RateRule, learning_rate
 from hf_vanilla_transformer.training.recipes import parse_run
+from hf_vanilla_transformer.training.run import train_and_evaluate
 from hf_vanilla_transformer.training.settings import settle, update_choices, update_size
+
+from conftest import FIXTURES
 
 
 def arguments(tmp_path, **fields) -> TransformerTrainingArguments:
@@ -105,13 +109,6 @@ def test_the_time_left_is_one_formula_with_named_margins():
 def test_a_budget_spent_before_the_set_up_stops_the_run_before_the_corpus_is_read(tmp_path):
     """The budget is checked at the run's start too: a process that began an hour before its one-minute budget's run
     stops there, in one line, before any corpus is read or cached (the set-up's own checks come after each stage)."""
-    import time
-
-    from hf_vanilla_transformer.training.budget import BudgetError
-    from hf_vanilla_transformer.training.run import train_and_evaluate
-
-    from conftest import FIXTURES
-
     cache = tmp_path / "cache"
     settings = parse_run(
         [

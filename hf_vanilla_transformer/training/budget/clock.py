@@ -63,11 +63,11 @@ class BudgetClock:
         left, but only after the rest of the set-up."""
         if self.seconds_left() > 0:
             return
-        said, spent = f"max_minutes={self.seconds / 60:g} leaves no time to train", self.spent() / 60
-        if not stages:
-            raise BudgetError(f"{said}: {spent:.1f} min went before the set-up began; give more minutes.")
-        stages_said = ", ".join(f"{name} {facts['seconds']:.0f} s" for name, facts in stages.items())
-        raise BudgetError(
-            f"{said}: the set-up alone took {spent:.1f} min ({stages_said}); give more minutes (the set-up is faster "
-            "from the data cache)."
-        )
+        spent = self.spent() / 60
+        if stages:
+            took = ", ".join(f"{name} {facts['seconds']:.0f} s" for name, facts in stages.items())
+            why = f"the set-up alone took {spent:.1f} min ({took}); give more minutes (the set-up is faster from the "
+            why += "data cache)"
+        else:
+            why = f"{spent:.1f} min went before the set-up began; give more minutes"
+        raise BudgetError(f"max_minutes={self.seconds / 60:g} leaves no time to train: {why}.")

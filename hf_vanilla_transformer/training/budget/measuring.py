@@ -74,7 +74,7 @@ def measure_size(
     sizes, calibration = inputs.settings.token_sizes, calibration_of(inputs, model)
     several = len(inputs.presets) > 1
     if screened is not None:
-        measurement = extended(calibration, model, screened, screened.fixed, sizes)
+        measurement = extended(calibration, model, screened, sizes)
     else:
         # The choice staged at the largest batch (at the smallest where nothing is open), then the smallest (a size
         # of several is screened there), then, with one size, the others.
@@ -118,14 +118,13 @@ def measure_update(
     measurement = Measurement(*chosen, measured=measured, reasons=reasons)
     if key in timings:
         measurement.per_size[size] = timings[key]
-    return extended(calibration, model, measurement, chosen, sizes[1:]) if every_size else measurement
+    return extended(calibration, model, measurement, sizes[1:]) if every_size else measurement
 
 
-def extended(
-    calibration: Calibration, model, measurement: Measurement, candidate: Candidate, sizes: list[int]
-) -> Measurement:
-    """`measurement` with its chosen `candidate` timed at each of `sizes` it has no time for yet, each size a stage of
+def extended(calibration: Calibration, model, measurement: Measurement, sizes: list[int]) -> Measurement:
+    """`measurement` with its chosen candidate timed at each of `sizes` it has no time for yet, each size a stage of
     one on batches of shapes of its own (`Calibration.measure_stage`)."""
+    candidate = measurement.fixed
     key = candidate_key(*candidate)
     for size in [size for size in sizes if size not in measurement.per_size]:
         timing = calibration.measure_stage(model, size, [candidate], set())[key]
