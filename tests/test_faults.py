@@ -538,7 +538,7 @@ def test_the_skipped_lines_reach_the_log_and_results_json(tmp_path):
     [
         (
             ["--preset", "giant"],
-            "train.py: preset='giant' is invalid; expected one of ['base', 'big', 'compact', 'small', 'tiny'].",
+            "train.py: preset='giant' is invalid; expected one of ['base', 'big', 'compact', 'medium', 'small', 'tiny'].",
         ),
         (
             ["--max_minutes", "0.01", "--recipe", "cpu"],

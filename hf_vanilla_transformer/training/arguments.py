@@ -17,7 +17,14 @@ from ..model.configuration_vanilla_transformer import PRESETS
 from ..utils.redact import is_secret_flag
 from .averaging import AVERAGE_WINDOW
 from .budget import check_cooldown_fraction
-from .choices import budgeted, length_penalty_choices, preset_choices, token_choices
+from .choices import (
+    budgeted,
+    dropout_by_epochs,
+    length_penalty_choices,
+    preset_choices,
+    size_min_updates,
+    token_choices,
+)
 from .models import parse_config_overrides
 
 
@@ -215,6 +222,28 @@ class ModelDataArguments:
     min_updates: int | None = field(
         default=None, metadata={"help": "With --max_tokens_choices: the updates a budgeted run should reach."}
     )
+    size_min_updates: str | None = field(
+        default=None,
+        metadata={
+            "help": "With --preset_choices: sizes that need more updates than --min_updates before the plan takes "
+            "them, as size:updates pairs (e.g. base:12000,medium:6000): a larger model only where the budget gives "
+            "it that many."
+        },
+    )
+    dropout_by_epochs: str | None = field(
+        default=None,
+        metadata={
+            "help": "A budgeted run's dropout from the epochs its plan predicts, as epochs:dropout pairs (e.g. 10:0.1: "
+            "0.1 from 10 epochs on; below the first, --dropout or the size's own)."
+        },
+    )
+    plateau_validations: int | None = field(
+        default=None,
+        metadata={
+            "help": "Stop training once this many validations in a row have not raised the best validation BLEU "
+            "(default: never; the run then ends at its budget or length)."
+        },
+    )
     max_warmup_fraction: float | None = field(
         default=None, metadata={"help": "Never warm up for more than this fraction of the run."}
     )
@@ -382,6 +411,9 @@ def check_recipe_arguments(recipe: ModelDataArguments) -> None:
             raise ValueError(f"{name}={value} is invalid; expected at least 1.")
     if recipe.min_updates is not None and recipe.min_updates < 1:
         raise ValueError(f"min_updates={recipe.min_updates} is invalid; expected at least 1.")
+    size_min_updates(recipe), dropout_by_epochs(recipe)
+    if recipe.plateau_validations is not None and recipe.plateau_validations < 1:
+        raise ValueError(f"plateau_validations={recipe.plateau_validations} is invalid; expected at least 1.")
     if recipe.max_warmup_fraction is not None and not 0 < recipe.max_warmup_fraction <= 1:
         raise ValueError(f"max_warmup_fraction={recipe.max_warmup_fraction} is invalid; expected a fraction in (0, 1].")
     if recipe.max_epochs is not None and recipe.max_epochs <= 0:

@@ -20,8 +20,8 @@ from transformers import ProgressCallback
 
 from ..data.collating import training_collator
 from ..evaluation.metrics import seq2seq_bleu_metrics
-from .budget import BudgetClock, Budgeted, TimeBudgetCallback, apply_plan
-from .callbacks import SaveEveryCallback, SetupClockCallback, TrainingProgressCallback
+from .budget import BudgetClock, Budgeted, TimeBudgetCallback, apply_plan, updates_per_epoch
+from .callbacks import PlateauCallback, SaveEveryCallback, SetupClockCallback, TrainingProgressCallback
 from .collapse import SourceCheckCallback
 from .run_data import PreparedData
 from .trainer import TransformerTrainer
@@ -33,11 +33,12 @@ logger = logging.getLogger(__name__)
 @dataclass
 class Training:
     """A Trainer ready to train a plan, with the callbacks that hold what the run measures of itself: the budget's
-    (`TrainingEnd` once trained) and the source check's (None where it does not run)."""
+    (`TrainingEnd` once trained), the source check's and the plateau's (None where they do not run)."""
 
     trainer: TransformerTrainer
     budget: TimeBudgetCallback
     source_check: SourceCheckCallback | None = None
+    plateau: PlateauCallback | None = None
 
 
 def build_trainer(settings, budgeted: Budgeted, model, data: PreparedData, clock: BudgetClock) -> Training:
@@ -49,14 +50,17 @@ def build_trainer(settings, budgeted: Budgeted, model, data: PreparedData, clock
     # Trainer runs to the bound the budget may re-plan to, its callback holds it to the plan's length.
     planned = apply_plan(plan, settings.args, model, runs_to=rules.room.max_updates if rules is not None else None)
     budget = TimeBudgetCallback(plan, clock if rules is not None else None, rules)
+    sampler = data.batches.of(plan.choice.max_tokens)
+    per_epoch = updates_per_epoch(len(sampler), planned.gradient_accumulation_steps, settings.world_size)
     check = (
-        SourceCheckCallback(recipe.source_check)
+        SourceCheckCallback(recipe.source_check, per_epoch)
         if data.evaluation is not None and recipe.source_check != "off"
         else None
     )
+    plateau = PlateauCallback(recipe.plateau_validations) if recipe.plateau_validations and settings.validates else None
     callbacks = [SaveEveryCallback(recipe.save_minutes)] if recipe.save_minutes else []
-    callbacks += [*([check] if check else []), budget, SetupClockCallback(data.clock, settings.output_dir)]
-    sampler = data.batches.of(plan.choice.max_tokens)
+    callbacks += [*([check] if check else []), *([plateau] if plateau else [])]
+    callbacks += [budget, SetupClockCallback(data.clock, settings.output_dir)]
     trainer = TransformerTrainer(
         model=model,
         args=planned,
@@ -82,4 +86,4 @@ def build_trainer(settings, budgeted: Budgeted, model, data: PreparedData, clock
         plan.schedule.peak_learning_rate,
     )
     data.clock.write(settings.output_dir)
-    return Training(trainer, budget, check)
+    return Training(trainer, budget, check, plateau)

@@ -32,6 +32,45 @@ class SaveEveryCallback(TrainerCallback):
         self.last = time.monotonic()
 
 
+class PlateauCallback(TrainerCallback):
+    """Stops training once `patience` validations in a row have not raised the best validation BLEU: the model has
+    stopped improving, and the minutes left go to the averaging and the test instead of to updates that change
+    nothing (the recipe's `plateau_validations`; an epoch cap stopped runs by a count instead). `stopped_at` the
+    update it stopped after, `best` the best validation's update and BLEU; the decision is the main process's."""
+
+    def __init__(self, patience: int):
+        if patience < 1:
+            raise ValueError(f"plateau_validations={patience} is invalid; expected at least 1.")
+        self.patience, self.best, self.since, self.stopped_at = patience, None, 0, None
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        if not metrics or "eval_bleu" not in metrics or self.stopped_at is not None:
+            return control
+        bleu = float(metrics["eval_bleu"])
+        if self.best is None or bleu > self.best[1]:
+            self.best, self.since = (state.global_step, bleu), 0
+        else:
+            self.since += 1
+        last = control.should_training_stop or state.global_step >= state.max_steps
+        if main_process_decides(self.since >= self.patience and not last, args.device):
+            self.stopped_at = state.global_step
+            control.should_training_stop = control.should_save = True
+            print(f"Stopped at update {self.said()}.", flush=True)
+        return control
+
+    def said(self) -> str:
+        step, bleu = self.best
+        return (
+            f"{self.stopped_at:,}: validation BLEU has not risen in {self.patience} validations, its best "
+            f"{bleu:.2f} at update {step:,}"
+        )
+
+    def record(self) -> dict:
+        """What results.json keeps: the rule, where it stopped (None: it did not) and the best validation."""
+        best = {"step": self.best[0], "bleu": self.best[1]} if self.best else None
+        return {"patience": self.patience, "stopped_at": self.stopped_at, "best": best}
+
+
 class SetupClockCallback(TrainerCallback):
     """Records, in the run's set-up clock (`utils/stages.py`), when the first update ends, and writes the clock of
     this process into the output folder."""

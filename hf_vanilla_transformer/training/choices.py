@@ -42,6 +42,48 @@ def _preset_list(text: str) -> list[str]:
     return choices
 
 
+def size_min_updates(recipe) -> dict[str, int]:
+    """The updates each size of `size_min_updates` needs before the plan takes it (`size:updates` pairs); {} when not
+    given. A ValueError names a bad pair or a size that is no preset."""
+    text, found = recipe.size_min_updates, {}
+    for pair in (text or "").split(","):
+        if not pair.strip():
+            continue
+        name, _, count = pair.partition(":")
+        try:
+            updates = int(count)
+        except ValueError:
+            updates = 0
+        if name.strip() not in PRESETS or updates < 1:
+            raise ValueError(
+                f"size_min_updates={text!r} holds {pair.strip()!r}; expected size:updates pairs of presets from "
+                f"{sorted(PRESETS)} and positive counts, such as 'base:12000,medium:6000'."
+            )
+        found[name.strip()] = updates
+    return found
+
+
+def dropout_by_epochs(recipe) -> list[tuple[float, float]]:
+    """The (epochs, dropout) steps of `dropout_by_epochs`, fewest epochs first; [] when not given. A ValueError names
+    a bad pair."""
+    text, steps = recipe.dropout_by_epochs, []
+    for pair in (text or "").split(","):
+        if not pair.strip():
+            continue
+        epochs, _, dropout = pair.partition(":")
+        try:
+            step = (float(epochs), float(dropout))
+        except ValueError:
+            step = (-1.0, -1.0)
+        if not (step[0] >= 0 and 0 <= step[1] < 1):
+            raise ValueError(
+                f"dropout_by_epochs={text!r} holds {pair.strip()!r}; expected epochs:dropout pairs of epochs >= 0 and "
+                "dropouts in [0, 1), such as '10:0.1'."
+            )
+        steps.append(step)
+    return sorted(steps)
+
+
 def budgeted(recipe, args) -> bool:
     """Whether the run's length is measured to fit a time budget (max_minutes without max_steps)."""
     return recipe.max_minutes is not None and args.max_steps <= 0

@@ -15,6 +15,12 @@ with `--source_check stop` (the default), at `LOW_IN_A_ROW` validations in a row
 recorded in `results.json` and the model card, training ended there, and the run fails with the cause and a remedy.
 (A model still reading its source a little at its end was only trained too short: it is said, not failed.)
 
+A model is judged only once it has seen `JUDGED_AFTER_EPOCHS` of its corpus: before, one that reads nothing of its
+source has not begun to, it has not stopped (a 6-minute run on an AVX2 laptop, 252 updates, a quarter of an epoch,
+was failed as a collapse, with the advice to lower a rate that was not the cause). Measured on the LibreOffice
+corpus (`compact`, 925 updates an epoch): a gain of 0.002 nats at 0.22 epochs, 0.07 at 0.43, 0.24 at 0.65 and 1.37
+at 1.56 (docs/cpu_recipe.md, "The budget curve").
+
 Measured on a tiny model (d_model 32) trained 200-300 updates on an artificial word-for-word language pair
 (tests/test_collapse.py): driven into the collapse (lr_scale 1.5) its gain stays within 0.001 of zero at every
 validation, seed after seed; at lr_scale 0.15-0.3 it gains 0.01-0.05 nats in its first validations after warmup,
@@ -24,6 +30,7 @@ then 0.9-5.9 by the end.
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 from transformers import TrainerCallback
@@ -38,6 +45,8 @@ SOURCE_GAIN_AT_LEAST = 0.1
 # `--source_check stop` before its end (a collapsed model stays within 0.001 of zero; a slow one gains 0.01 and more).
 NOTHING_BELOW = 0.01
 LOW_IN_A_ROW = 3
+# The epochs of its corpus a model is trained before a source worth nothing is judged a collapse.
+JUDGED_AFTER_EPOCHS = 1.0
 
 
 class SourceCollapseError(RuntimeError):
@@ -73,13 +82,20 @@ def source_dependence(model, batches, autocast, reduce) -> dict[str, float] | No
 class SourceCheckCallback(TrainerCallback):
     """Judges each validation's source dependence (the Trainer's `eval_source_gain`): a gain below
     `SOURCE_GAIN_AT_LEAST` after warmup is logged; one below `NOTHING_BELOW` at the run's last validation, or (`mode`
-    "stop") at `LOW_IN_A_ROW` validations in a row, is a collapse, logged loudly; with "stop", training ends there. `history` keeps every measurement, `collapsed_at` the update
-    of the first collapse."""
+    "stop") at `LOW_IN_A_ROW` validations in a row, is a collapse, logged loudly; with "stop", training ends there.
+    Only validations after warmup and after `JUDGED_AFTER_EPOCHS` epochs of `updates_per_epoch` updates (None: from
+    warmup on) are judged. `history` keeps every measurement, `collapsed_at` the update of the first collapse."""
 
-    def __init__(self, mode: str = "stop"):
-        self.mode = mode
+    def __init__(self, mode: str = "stop", updates_per_epoch: int | None = None):
+        self.mode, self.updates_per_epoch = mode, updates_per_epoch
         self.history: list[dict] = []
         self.collapsed_at: int | None = None
+
+    def judged(self, step: int, warmup_steps: float) -> bool:
+        """Whether a validation after update `step` is judged: after warmup (at its last warmup update the rate
+        just peaked) and after `JUDGED_AFTER_EPOCHS` epochs."""
+        epochs = step / self.updates_per_epoch if self.updates_per_epoch else math.inf
+        return step > warmup_steps and epochs >= JUDGED_AFTER_EPOCHS
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         if not metrics or "eval_source_gain" not in metrics:
@@ -90,13 +106,22 @@ class SourceCheckCallback(TrainerCallback):
             "loss_shuffled_sources": metrics["eval_loss_shuffled_sources"],
             "source_gain": metrics["eval_source_gain"],
         }
-        after_warmup = state.global_step > args.warmup_steps  # (at its last warmup update the rate just peaked)
-        entry["low"] = after_warmup and entry["source_gain"] < SOURCE_GAIN_AT_LEAST
-        entry["nothing"] = after_warmup and entry["source_gain"] < NOTHING_BELOW
+        judged = self.judged(state.global_step, args.warmup_steps)
+        entry["low"] = judged and entry["source_gain"] < SOURCE_GAIN_AT_LEAST
+        entry["nothing"] = judged and entry["source_gain"] < NOTHING_BELOW
         self.history.append(entry)
+        last = control.should_training_stop or state.global_step >= state.max_steps
+        if not judged and last and self.updates_per_epoch and entry["source_gain"] < SOURCE_GAIN_AT_LEAST:
+            epochs = state.global_step / self.updates_per_epoch
+            logger.warning(
+                "the run ends at update %s, %.2f epochs of its corpus, before its model read its source (%.3f nats "
+                "per token): too few updates to translate; give it more minutes",
+                f"{state.global_step:,}",
+                epochs,
+                entry["source_gain"],
+            )
         if not entry["low"] or self.collapsed_at is not None:
             return control
-        last = control.should_training_stop or state.global_step >= state.max_steps
         in_a_row = len(self.history) >= LOW_IN_A_ROW and all(e["nothing"] for e in self.history[-LOW_IN_A_ROW:])
         if not (entry["nothing"] and last) and not (self.mode == "stop" and in_a_row):
             logger.warning(
@@ -120,6 +145,8 @@ class SourceCheckCallback(TrainerCallback):
             "mode": self.mode,
             "gain_at_least": SOURCE_GAIN_AT_LEAST,
             "nothing_below": NOTHING_BELOW,
+            "judged_after_epochs": JUDGED_AFTER_EPOCHS,
+            "updates_per_epoch": self.updates_per_epoch,
             "collapsed_at": self.collapsed_at,
             "history": self.history,
         }

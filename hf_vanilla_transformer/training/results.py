@@ -12,6 +12,7 @@ from ..utils.machine import describe_machine
 from ..utils.redact import private_paths, public_command, publishable
 from .budget import TrainingEnd, updates_per_epoch
 from .checkpoints import checkpoint_step
+from .collapse import SOURCE_GAIN_AT_LEAST
 
 
 @dataclass
@@ -59,7 +60,7 @@ def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunO
             # the update time it planned beside the one the Trainer measured (validation and checkpoint pauses apart)
             "measured_seconds_per_update": end.measured_seconds_per_update,
             "stopped_early_at": end.stopped_early_at,
-            "ended_by": _ended_by(end.stopped_early_at, end.capped_by_epochs, training.source_check),
+            "ended_by": _ended_by(end.stopped_early_at, end.capped_by_epochs, training.source_check, training.plateau),
         },
         "setup": data.clock.stages,
         "averaged_checkpoints": [path.name for path in outcome.averaged],
@@ -80,14 +81,38 @@ def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunO
         results["kept"] = outcome.kept
     if training.source_check is not None:
         results["source_check"] = training.source_check.record()
+    if training.plateau is not None:
+        results["plateau"] = training.plateau.record()
+    results["rules"] = fired_rules(end.plan, results)
     return publishable(results, private_paths(settings.recipe, settings.args), settings.output_dir)
 
 
-def _ended_by(stopped_early_at: int | None, capped_by_epochs: bool, check) -> str:
-    """Why training ended: "source collapse" (the source check stopped it), "deadline" (the budget's), "epochs" (the
-    epoch cap bound before the budget: the run ends early), else "updates" (the length planned or given)."""
+def fired_rules(plan, results: dict) -> list[dict]:
+    """The recipe's rules that decided something in the run, `{"rule": the recipe's value, "said": in words}`: the
+    plan's (`Record.rules`: the size, the dropout, a cut warmup) and how training ended where a rule ended it (the
+    plateau, the epoch cap, the deadline, a switch, the source not yet judged)."""
+    fired, ended = list(plan.record.rules), results["plan"]["ended_by"]
+    if plan.history.switched_from:
+        fired.append({"rule": "switch", "said": f"switched from {plan.history.switched_from.get('preset')}"})
+    if ended == "validation plateau":
+        fired.append({"rule": "plateau_validations", "said": f"stopped at {results['plateau']['stopped_at']:,}"})
+    elif ended in ("epochs", "deadline"):
+        fired.append({"rule": "max_epochs" if ended == "epochs" else "max_minutes", "said": f"{ended} ended it"})
+    history = (results.get("source_check") or {}).get("history") or []
+    last = history[-1] if history else None
+    if last is not None and not last.get("low") and last["source_gain"] < SOURCE_GAIN_AT_LEAST:
+        fired.append({"rule": "source_check", "said": "source not yet read: not judged"})
+    return fired
+
+
+def _ended_by(stopped_early_at: int | None, capped_by_epochs: bool, check, plateau=None) -> str:
+    """Why training ended: "source collapse" (the source check stopped it), "validation plateau" (validation BLEU
+    stopped rising: `PlateauCallback`), "deadline" (the budget's), "epochs" (the epoch cap bound before the budget:
+    the run ends early), else "updates" (the length planned or given)."""
     if check is not None and check.collapsed_at is not None and check.mode == "stop":
         return "source collapse"
+    if plateau is not None and plateau.stopped_at is not None:
+        return "validation plateau"
     if stopped_early_at is not None:
         return "deadline"
     return "epochs" if capped_by_epochs else "updates"

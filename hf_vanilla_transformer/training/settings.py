@@ -22,7 +22,14 @@ from ..model.configuration_vanilla_transformer import PRESETS
 from ..utils.device import attention_choices, check_precision, device_precisions, training_device
 from .arguments import ModelDataArguments, TransformerTrainingArguments, check_run_arguments
 from .budget import COMPILE_AFTER_MINUTES, COMPILE_AFTER_UPDATES, RateRule, UpdateChoices, trainer_optimizer
-from .choices import budgeted, length_penalty_choices, preset_choices, token_choices
+from .choices import (
+    budgeted,
+    dropout_by_epochs,
+    length_penalty_choices,
+    preset_choices,
+    size_min_updates,
+    token_choices,
+)
 from .models import parse_config_overrides
 
 
@@ -63,6 +70,8 @@ class RunSettings:
     # Whether the model folder shows test sentences (examples, attention maps): those of a public corpus, and of the
     # user's own files (`--data_files`) only with `--publish_examples`.
     publishes_examples: bool = True
+    dropout_steps: tuple[tuple[float, float], ...] = ()  # the dropout by predicted epochs (`dropout_by_epochs`)
+    size_min_updates: tuple[tuple[str, int], ...] = ()  # the sizes that need more updates (`size_min_updates`)
 
     def update_size(self, max_tokens: int) -> UpdateSize:
         """The update of batches of `max_tokens` (`update_size`)."""
@@ -149,6 +158,8 @@ def settle(recipe: ModelDataArguments, args: TransformerTrainingArguments, devic
         updates=updates,
         optimizer=trainer_optimizer(args),
         publishes_examples=recipe.publish_examples or not recipe.data_files,
+        dropout_steps=tuple(dropout_by_epochs(recipe)),
+        size_min_updates=tuple(size_min_updates(recipe).items()),
     )
 
 

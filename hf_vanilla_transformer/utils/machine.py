@@ -32,21 +32,75 @@ def cpu_name() -> str:
     return name or platform.processor() or platform.machine()
 
 
-def cpu_extensions() -> list[str]:
-    """Which of `EXTENSIONS` the CPU has (empty where /proc/cpuinfo cannot be read)."""
+def hardware_extensions() -> list[str]:
+    """Which of `EXTENSIONS` the CPU has (empty where /proc/cpuinfo cannot be read), whatever the kernels may use."""
     flags = next((line.split(":", 1)[1].split() for line in _cpuinfo() if line.startswith("flags")), [])
     return [flag for flag in EXTENSIONS if flag in flags]
 
 
+# The kernels' instruction sets capped by the environment, as a laptop without AVX-512 or AMX is emulated on a CPU
+# that has them (docs/budget_curve.md): PyTorch's own kernels (ATEN_CPU_CAPABILITY), oneDNN's (ONEDNN_MAX_CPU_ISA,
+# which the bf16 matrix products use) and MKL's (MKL_ENABLE_INSTRUCTIONS, the fp32 ones). Each cap -> the extensions
+# the capped library may still use; a value not listed caps nothing this package knows of.
+KERNEL_CAPS = {
+    "ATEN_CPU_CAPABILITY": {"default": (), "avx2": ("avx2",)},
+    "ONEDNN_MAX_CPU_ISA": {
+        "SSE41": (),
+        "AVX": (),
+        "AVX2": ("avx2",),
+        "AVX2_VNNI": ("avx2",),
+        "AVX2_VNNI_2": ("avx2",),
+        "AVX512_CORE": ("avx2", "avx512f"),
+        "AVX512_CORE_VNNI": ("avx2", "avx512f", "avx512_vnni"),
+        "AVX512_CORE_BF16": ("avx2", "avx512f", "avx512_vnni", "avx512_bf16"),
+    },
+    "MKL_ENABLE_INSTRUCTIONS": {"SSE4_2": (), "AVX": (), "AVX2": ("avx2",), "AVX512": ("avx2", "avx512f")},
+}
+# What each library's cap governs: ATen's vector kernels (AVX-512 ones), MKL's fp32 products, oneDNN's bf16 units.
+CAPPED_BY = {
+    "ATEN_CPU_CAPABILITY": ("avx512f", "avx512_vnni"),
+    "ONEDNN_MAX_CPU_ISA": ("avx512_vnni", "avx512_bf16", "amx_bf16"),
+    "MKL_ENABLE_INSTRUCTIONS": ("avx512f",),
+}
+
+
+def kernel_caps() -> dict[str, str]:
+    """The caps of `KERNEL_CAPS` set in this process's environment that cap something (variable -> value)."""
+    found = {}
+    for variable, caps in KERNEL_CAPS.items():
+        value = os.environ.get(variable, "").strip()
+        if value.upper() in {key.upper() for key in caps}:
+            found[variable] = value
+    return found
+
+
+def cpu_extensions() -> list[str]:
+    """Which of `EXTENSIONS` the kernels may use: the CPU's (`hardware_extensions`), less those a cap of the
+    environment withholds from the library that uses them (`kernel_caps`): under `ONEDNN_MAX_CPU_ISA=AVX2` a CPU with
+    AMX has no bf16 units for this package, as a laptop without them."""
+    extensions = hardware_extensions()
+    for variable, value in kernel_caps().items():
+        allowed = next(kept for key, kept in KERNEL_CAPS[variable].items() if key.upper() == value.upper())
+        extensions = [flag for flag in extensions if flag in allowed or flag not in CAPPED_BY[variable]]
+    return extensions
+
+
 def cpu_has_fast_bf16() -> bool:
-    """True on CPUs with native bf16 matrix units (AMX or AVX512-BF16), where bf16 autocast may speed training up."""
+    """True on CPUs with native bf16 matrix units (AMX or AVX512-BF16) that the kernels may use, where bf16 autocast
+    may speed training up."""
     extensions = cpu_extensions()
     return "amx_bf16" in extensions or "avx512_bf16" in extensions
 
 
 def describe_cpu() -> str:
-    """The CPU's name and the matrix extensions that decide what runs fast on it."""
-    return f"{cpu_name()} ({', '.join(cpu_extensions()) or 'no AVX2'})"
+    """The CPU's name and the matrix extensions that decide what runs fast on it; where the environment caps the
+    kernels, what it caps and the extensions the CPU has."""
+    said = f"{cpu_name()} ({', '.join(cpu_extensions()) or 'no AVX2'}"
+    caps = kernel_caps()
+    if caps and cpu_extensions() != hardware_extensions():
+        capped = ", ".join(f"{variable}={value}" for variable, value in caps.items())
+        said += f"; kernels capped by {capped}, the CPU has {', '.join(hardware_extensions())}"
+    return said + ")"
 
 
 def describe_machine(device: str | torch.device | None = None) -> str:

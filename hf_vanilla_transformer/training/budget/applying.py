@@ -56,8 +56,18 @@ def attention(plan: BudgetPlan, args, model) -> None:
         model.set_attn_implementation(plan.choice.attn_implementation)
 
 
+def dropout(plan: BudgetPlan, args, model) -> None:
+    """The dropout the plan chose for the run's predicted epochs (None: the model's own)."""
+    if model is None or plan.choice.dropout is None:
+        return
+    model.config.dropout = plan.choice.dropout  # §5.4's: embeddings and sub-layer outputs (not attention, not FFN)
+    for module in model.modules():
+        if isinstance(getattr(module, "dropout", None), float):
+            module.dropout = plan.choice.dropout
+
+
 # The plan's decisions, in the order they are applied: (plan, the Trainer's arguments, the model or None) -> None.
-RULES: tuple[Callable[[BudgetPlan, object, object], None], ...] = (length, rate, precision, batches, attention)
+RULES: tuple[Callable[[BudgetPlan, object, object], None], ...] = (length, rate, precision, batches, attention, dropout)
 
 
 def apply_plan(plan: BudgetPlan, args, model=None, runs_to: int | None = None):

@@ -107,6 +107,7 @@ class Calibration:
     sample_batches: Callable[[int, int, set], list[dict]]
     optimizer: Callable
     compile_mode: str | None = None
+    check: Callable[[], None] | None = None  # before each timed update: raises where the budget is spent
 
     def batches(self, size: int, count: int, taken: set) -> list[dict]:
         """`count` real batches of `size` on the device, of shapes not in `taken`."""
@@ -120,8 +121,9 @@ class Calibration:
         Which is best is the caller's to say (`measuring.measure_update` ranks them)."""
         batches = self.batches(size, SAMPLE_BATCHES * len(candidates), taken)
         timings = measure_updates(
-            model, batches, candidates, self.optimizer, self.device, compile_mode=self.compile_mode, shared=False
-        )
+            model, batches, candidates, self.optimizer, self.device, compile_mode=self.compile_mode, shared=False,
+            check=self.check,
+        )  # fmt: skip
         if any(compiled for _, _, compiled in candidates):
             # The copies' graphs go after each stage: the next stage's compiled copies, like the Trainer's, compile
             # from scratch (their `once` counts it) and within dynamo's limits.
@@ -140,6 +142,7 @@ def measure_updates(
     synchronize: Callable[[], None] | None = None,
     compile_mode: str | None = None,
     shared: bool = True,
+    check: Callable[[], None] | None = None,
 ) -> dict[str, Timing]:
     """The `Timing` of an update (forward, backward, optimizer step) for each (precision, attention, compiled)
     candidate, measured on copies of `model` on `device` (default: the model's), which is left untouched where it
@@ -147,10 +150,11 @@ def measure_updates(
     else candidate j on `batches[j::len(candidates)]` (shapes of its own). `optimizer(parameters)` builds the
     Trainer's optimizer (`trainer_optimizer`; default: fused AdamW). On a CPU the copies take turns over `rounds`
     rounds (a change of the machine's load falls on all alike); on a GPU they run one after another, one copy in
-    memory at a time. The timing reads `clock` and `synchronize` (default: the device's)."""
+    memory at a time. The timing reads `clock` and `synchronize` (default: the device's); `check()`, called before
+    each timed update, may end the measuring with a BudgetError (the budget's clock: `BudgetClock.check_measuring`)."""
     batches = list(batches)
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    timer = _Timer(clock, synchronize or synchronizer(device), device)
+    timer = _Timer(clock, synchronize or synchronizer(device), device, check)
     samples = {
         candidate_key(*c): batches if shared else batches[j :: len(candidates)] for j, c in enumerate(candidates)
     }
@@ -194,8 +198,8 @@ def _prepared(model, device, make_optimizer, compile_mode, timer: _Timer, batch:
 class _Timer:
     """Times updates as the module docstring says, keeping each candidate's cold and warm seconds, or its failure."""
 
-    def __init__(self, clock: Callable[[], float], synchronize: Callable[[], None], device: torch.device):
-        self.clock, self.synchronize, self.device = clock, synchronize, device
+    def __init__(self, clock, synchronize: Callable[[], None], device: torch.device, check=None):
+        self.clock, self.synchronize, self.device, self.check = clock, synchronize, device, check
         self.colds: dict[str, list[float]] = {}
         self.warms: dict[str, list[float]] = {}
         self.failures: dict[str, str] = {}
@@ -211,14 +215,17 @@ class _Timer:
         """Each batch of `chunk` once as a new shape, then once more in reverse order (not right after its first)."""
         if copy_.key in self.failures or not chunk:
             return
-        try:
-            colds = [self.seconds(copy_, batch) for batch in chunk]
-            warms = [self.seconds(copy_, batch) for batch in reversed(chunk)][::-1]
-        except (RuntimeError, ValueError) as error:
-            self.fail(copy_.key, error)
-            return
-        self.colds.setdefault(copy_.key, []).extend(colds)
-        self.warms.setdefault(copy_.key, []).extend(warms)
+        seconds = []
+        for batch in [*chunk, *reversed(chunk)]:
+            if self.check is not None:
+                self.check()  # outside the try: a spent budget is no candidate's failure
+            try:
+                seconds.append(self.seconds(copy_, batch))
+            except (RuntimeError, ValueError) as error:
+                self.fail(copy_.key, error)
+                return
+        self.colds.setdefault(copy_.key, []).extend(seconds[: len(chunk)])
+        self.warms.setdefault(copy_.key, []).extend(seconds[len(chunk) :][::-1])
 
     def fail(self, key: str, error: Exception) -> None:
         """Leave candidate `key` out: the first line of `error` (after running out of memory, the memory freed)."""

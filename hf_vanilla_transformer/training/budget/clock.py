@@ -57,6 +57,18 @@ class BudgetClock:
         left = self.seconds - self.spent() - decode_seconds - self.finishing - (RESTART_SECONDS if restart else 0.0)
         return max(0.0, left) * SAFETY if planned else left
 
+    def check_measuring(self) -> None:
+        """A BudgetError once measuring the update has spent the whole budget (called before each update it times):
+        on a machine busy with another process every measured update is slower, and the budget is kept all the same;
+        nothing where there is no budget."""
+        if self.seconds is None or self.seconds_left() > 0:
+            return
+        raise BudgetError(
+            f"max_minutes={self.seconds / 60:g} leaves no time to train on this machine: the budget was spent while "
+            f"measuring the update ({self.spent() / 60:.1f} min in all; slower than the machine's own when another "
+            "process is busy on it); give more minutes, or run it alone."
+        )
+
     def check_setup(self, stages: dict) -> None:
         """A BudgetError once the set-up (`stages`: the set-up clock's, with their seconds; none at the run's start,
         before the corpus is read) has spent the whole budget, naming what it took: the planner would find no time

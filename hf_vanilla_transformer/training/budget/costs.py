@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ...data.batching import evaluation_batches, inference_batches
@@ -169,6 +169,17 @@ class BudgetRules:
     room: ReplanRoom = ReplanRoom()
     min_updates: int | None = None
     max_epochs: float | None = None
+    # Sizes that need more updates than `min_updates` before the plan takes them (the recipe's `size_min_updates`).
+    size_min_updates: tuple[tuple[str, int], ...] = ()
+
+    def least_updates(self, preset: str | None) -> int | None:
+        """The updates model size `preset` must reach to be chosen: its own where `size_min_updates` names it, else
+        `min_updates`."""
+        return dict(self.size_min_updates).get(preset, self.min_updates)
+
+    def for_size(self, preset: str | None) -> BudgetRules:
+        """These rules as they judge model size `preset` (`least_updates` as its `min_updates`)."""
+        return replace(self, min_updates=self.least_updates(preset))
 
     @property
     def checkpoints(self) -> int:

@@ -138,12 +138,13 @@ def fit(
     return chosen
 
 
-def may_reach(inputs: PlanInputs, per_size: dict[int, Timing], ratio: float) -> bool:
-    """Whether a size could reach `min_updates` at its smallest batch with no checkpoint and no decoding step paid: a
-    bound that spares measuring the other batches of a size too slow for the budget."""
-    smallest = inputs.settings.token_sizes[-1]
+def may_reach(inputs: PlanInputs, per_size: dict[int, Timing], ratio: float, rules: BudgetRules | None = None) -> bool:
+    """Whether a size could reach its `min_updates` (`rules`', default the run's) at its smallest batch with no
+    checkpoint and no decoding step paid: a bound that spares measuring the other batches of a size too slow for the
+    budget."""
+    smallest, rules = inputs.settings.token_sizes[-1], rules or inputs.rules
     timing = update_timing(inputs, per_size[smallest], smallest, ratio)
-    unmeasured = replace(inputs.rules, steps=replace(inputs.rules.steps, step_seconds=0.0, greedy_step_seconds=0.0))
+    unmeasured = replace(rules, steps=replace(rules.steps, step_seconds=0.0, greedy_step_seconds=0.0))
     return updates_for_budget(inputs, smallest, timing, 0.0, unmeasured).enough
 
 

@@ -54,7 +54,9 @@ def calibration_of(inputs: PlanInputs, model) -> Calibration:
         return collate_rows(data.train, measured_batches(data.batches.of(max_tokens), count, multiple, taken), collator)
 
     mode = getattr(settings.args, "torch_compile_mode", None)
-    return Calibration(settings.choices, settings.device, sample, settings.optimizer, mode)
+    return Calibration(
+        settings.choices, settings.device, sample, settings.optimizer, mode, inputs.clock.check_measuring
+    )
 
 
 def measure_size(

@@ -32,7 +32,8 @@ from .costs import BudgetRules
 class Choice:
     """What trains (decided): the model size (None: the recipe's), the batch (`max_tokens` padded source and target
     tokens), the batches per update (None in plans recorded before it), the precision ("fp32", "bf16", and on CUDA
-    "fp16" or "tf32": utils/device.py), the attention implementation and whether the step is compiled."""
+    "fp16" or "tf32": utils/device.py), the attention implementation, whether the step is compiled, and the dropout
+    the run's predicted epochs ask for (None: the model's own; `schedule.dropout_for`)."""
 
     preset: str | None = None
     max_tokens: int | None = None
@@ -40,6 +41,7 @@ class Choice:
     precision: str = "fp32"
     attn_implementation: str | None = None
     torch_compile: bool = False
+    dropout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -87,14 +89,16 @@ class Costs:
 class Record:
     """What the plan was made from: the budget (None: the length was given), every choice measured
     ("fp32/eager" -> seconds per update), the reasons in words, every (preset, batch size) calibrated in the recipe's
-    order with its seconds per update (what a switch may choose: `replanning.better_candidate`), and the Trainer's
-    trial (its update, the calibration's on the same batches, the difference)."""
+    order with its seconds per update (what a switch may choose: `replanning.better_candidate`), the Trainer's
+    trial (its update, the calibration's on the same batches, the difference), and the recipe's rules that decided
+    something in this plan (`{"rule": the recipe's value, "said": in words}`: the size, the dropout, a cut warmup)."""
 
     max_minutes: float | None = None
     measured: dict[str, float] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
     candidates: list[dict] = field(default_factory=list)
     trial: dict | None = None
+    rules: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

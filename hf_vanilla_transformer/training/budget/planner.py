@@ -31,7 +31,7 @@ from .measuring import Sized, calibration_of, decoding_on_gpu, measure_size, mea
 from .plan import Budgeted, BudgetPlan
 from .record import complete_recorded_plan, recorded_plan, write_plan
 from .replanning import Switch
-from .schedule import EventRule, event_spacing, learning_rate, warmup_for
+from .schedule import EventRule, dropout_for, event_spacing, learning_rate, warmup_for
 from .trainer_speed import trainer_ratio
 
 
@@ -115,6 +115,7 @@ def run_rules(settings, data) -> BudgetRules:
         held_out=held_out,
         min_updates=recipe.min_updates,
         max_epochs=recipe.max_epochs,
+        size_min_updates=settings.size_min_updates,
     )
 
 
@@ -142,27 +143,41 @@ def choose(
     inputs: PlanInputs, model, known: Measurement | None, ratio: float, measured: dict[str, Sized]
 ) -> tuple[str, BudgetFit, dict[str, Sized]]:
     """(size, fit, every size measured so far): each model size in turn, largest first, its times times `ratio`; the
-    first whose fit reaches `min_updates`, else the last. A size is measured the first time it is met
-    (`measure_size`; `measured` holds those met before): a run switched to another choice knows its time, the
-    Trainer's, already."""
+    first whose fit reaches its updates (`BudgetRules.least_updates`), else the last. A size is measured the first
+    time it is met (`measure_size`; `measured` holds those met before): a run switched to another choice knows its
+    time, the Trainer's, already. A size that needs more updates than `min_updates` (`size_min_updates`: the larger
+    sizes of a long budget) is measured only where the first size that does not (the anchor, measured first) reaches
+    them: a larger model's update is never faster, so one the anchor's time rules out costs no measuring."""
     measured, presets = dict(measured), inputs.presets
+    grown = {name for name, _ in inputs.rules.size_min_updates}
+    anchor = next((name for name in presets if name not in grown), presets[-1])
     for index, preset in enumerate(presets):
-        last = index == len(presets) - 1
-        if preset not in measured:
-            fixed = next(iter(measured.values())).measurement.fixed if measured else None
-            sized = model if index == 0 else inputs.build(preset)
-            measured[preset] = measure_size(inputs, sized, known, fixed)
-        sized = measured[preset]
-        if not last and not may_reach(inputs, sized.measurement.per_size, ratio):
+        last, own = index == len(presets) - 1, inputs.rules.for_size(preset)  # the updates this size must reach
+        if preset in grown and preset != anchor:
+            _measure(inputs, model, known, measured, anchor)
+            if not may_reach(inputs, measured[anchor].measurement.per_size, ratio, own):
+                continue  # the anchor's update, never slower, does not reach this size's updates
+        sized = _measure(inputs, model, known, measured, preset)
+        if not last and not may_reach(inputs, sized.measurement.per_size, ratio, own):
             continue  # not even at its smallest batch, with nothing else paid: no need to measure it further
         if sized.decoding is None:  # measured at its smallest batch only: the rest now
             sized = measured[preset] = measure_size(inputs, sized.model, known, None, sized.measurement)
         step, greedy = sized.decoding
-        rules = replace(inputs.rules, steps=replace(inputs.rules.steps, step_seconds=step, greedy_step_seconds=greedy))
+        rules = replace(own, steps=replace(own.steps, step_seconds=step, greedy_step_seconds=greedy))
         chosen = fit(inputs, sized.measurement.per_size, ratio, sized.checkpoint_seconds, rules)
         if chosen.enough or last:
             return preset, chosen, measured
     raise AssertionError("no preset to choose from")
+
+
+def _measure(inputs: PlanInputs, model, known: Measurement | None, measured: dict[str, Sized], preset: str) -> Sized:
+    """Size `preset` as measured, measured now (into `measured`) where it was not yet: the first size measured
+    chooses the precision, attention and compilation, the others keep them; `model` is the first size's."""
+    if preset not in measured:
+        fixed = next(iter(measured.values())).measurement.fixed if measured else None
+        sized = model if preset == inputs.presets[0] else inputs.build(preset)
+        measured[preset] = measure_size(inputs, sized, known, fixed)
+    return measured[preset]
 
 
 def size_reason(inputs: PlanInputs, preset: str, chosen: BudgetFit) -> str:
@@ -175,9 +190,13 @@ def size_reason(inputs: PlanInputs, preset: str, chosen: BudgetFit) -> str:
     presets = inputs.presets
     if len(presets) == 1:
         return chosen.reason
-    rule = "the largest that gives" if chosen.enough else "none gives"
-    least = inputs.rules.min_updates or 0
-    return f"the {preset} model ({', '.join(presets)}: {rule} {least:,} updates); {chosen.reason}"
+    rules, others = inputs.rules, presets[:-1]
+    if len({rules.least_updates(name) for name in others}) > 1:  # sizes of their own minimums
+        least = ", ".join(f"{name} {rules.least_updates(name) or 0:,}" for name in others)
+        rule = f"{'the largest that reaches' if chosen.enough else 'none reaches'} its updates: {least}"
+    else:
+        rule = f"{'the largest that gives' if chosen.enough else 'none gives'} {rules.min_updates or 0:,} updates"
+    return f"the {preset} model ({', '.join(presets)}: {rule}); {chosen.reason}"
 
 
 def budgeted_plan(
@@ -191,6 +210,9 @@ def budgeted_plan(
         times.update({(f"{name}/" if several else "") + key: seconds for key, seconds in each.measured.items()})
     sized, timing, steps = measured[preset], chosen.timing, chosen.max_steps
     plan = schedule(inputs, sized.model, steps, chosen.max_tokens, sized.measurement, reasons, times)
+    if several:
+        sized_rule = {"rule": "size_min_updates", "said": f"size {preset}"}
+        plan = plan.but(rules=[sized_rule, *plan.record.rules])
     # After the schedule, what the fit says of every choice measured and of the chosen run, and then in make_plan
     # the re-plans' rules: fitting.py is asked once for all three (tests/test_run_order.py counts the returns).
     candidates = [
@@ -265,10 +287,19 @@ def schedule(
     save, evaluate = event_spacing(max_steps, rules.events)
     update = settings.updates[max_tokens]
     rate = learning_rate(settings.rate, model.config.d_model, warmup, update.tokens)
+    epochs = max_steps / epoch_updates(inputs, max_tokens)
+    dropout, fired = dropout_for(settings.dropout_steps, epochs), []
     cadence = f"warmup {warmup:,} updates to a peak learning rate of {rate.peak:.2e}, a checkpoint every {save:,}"
     if rules.validates and evaluate:
         cadence += f", validation every {evaluate:,}"
+    if warmup < settings.rate.warmup:
+        fired.append({"rule": "max_warmup_fraction", "said": f"warmup cut to {warmup:,}"})
+    if dropout is not None:
+        cadence += f"; dropout {dropout:g} for {epochs:.1f} epochs of the corpus"
+        fired.append({"rule": "dropout_by_epochs", "said": f"dropout {dropout:g} ({epochs:.1f} epochs predicted)"})
     return BudgetPlan.of(
+        dropout=dropout,
+        rules=fired,
         max_steps=max_steps,
         warmup_steps=warmup,
         save_steps=save,

@@ -117,7 +117,8 @@ def better_candidate(
     `current` (preset, batch size), or None: with every planned time multiplied by `ratio` (the Trainer's measured
     seconds per update over the plan's), the first choice before the current one whose updates in `usable_seconds`
     (the budget's time left to a run started again, less a whole run's checkpoints and validations) reach
-    `rules.min_updates` and its epoch cap allows. Only when `ratio` is below `SWITCH_BELOW`."""
+    the updates its size must reach (`rules.least_updates`) and its epoch cap allows. Only when `ratio` is below
+    `SWITCH_BELOW`."""
     if ratio >= SWITCH_BELOW or not rules.min_updates or not candidates:
         return None
     usable = usable_seconds - rules.checkpoints * checkpoint_seconds - rules.validations * validation_seconds
@@ -128,7 +129,7 @@ def better_candidate(
             return None  # nothing earlier in the order fits: keep the current choice
         seconds = candidate["seconds_per_update"] * ratio
         updates = min(math.floor(usable / seconds), _epoch_cap(rules, candidate))
-        if updates >= rules.min_updates:
+        if updates >= rules.least_updates(candidate["preset"]):
             return Switch(candidate["preset"], candidate["max_tokens"], candidate["accumulation"], seconds, updates)
     return None
 

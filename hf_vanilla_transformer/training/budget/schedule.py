@@ -90,6 +90,15 @@ def warmup_for(max_steps: int, warmup: float, max_fraction: float | None = None)
     return max(1, updates)
 
 
+def dropout_for(steps: list[tuple[float, float]], epochs: float) -> float | None:
+    """The dropout of a run predicted to train `epochs` epochs of its corpus: that of the last of `steps` (the recipe's
+    `dropout_by_epochs`, (epochs, dropout) pairs, fewest epochs first) it reaches; None below the first (the model's
+    own). A short run has nothing to over-fit, and dropout costs it updates; a long one passes over the same pairs
+    again and again (docs/cpu_recipe.md, "The budget curve")."""
+    reached = [dropout for least, dropout in steps if epochs >= least]
+    return reached[-1] if reached else None
+
+
 @dataclass(frozen=True)
 class EventRule:
     """How a run spaces its checkpoints and validations: so many per run (a fraction of its length), else every

@@ -42,6 +42,7 @@ from ...data.collating import collate_rows, measured_batches, training_collator
 from ...utils.device import synchronizer
 from .applying import apply_plan
 from .calibration import Candidate, _Copy, measure_updates
+from .clock import BudgetError
 from .plan import BudgetPlan
 
 
@@ -113,8 +114,9 @@ class _Pairs(TrainerCallback):
     """After each of the Trainer's updates, the calibration's update of `copy_` on the same batches (`collated`, in
     the Trainer's order, `accumulation` an update), each timed; the first `warm` updates are not counted."""
 
-    def __init__(self, copy_, collated: list[dict], accumulation: int, warm: int):
+    def __init__(self, copy_, collated: list[dict], accumulation: int, warm: int, check=None):
         self.copy, self.collated, self.accumulation, self.warm = copy_, collated, accumulation, warm
+        self.check = check  # after each pair: raises where the budget is spent
         self.pairs: list[tuple[float, float]] = []
         self.mark = time.perf_counter()
 
@@ -130,6 +132,8 @@ class _Pairs(TrainerCallback):
             self.copy.update(self.collated[index % len(self.collated)])
         if state.global_step > self.warm:
             self.pairs.append((trainer, time.perf_counter() - began))
+        if self.check is not None:
+            self.check()
         self.mark = time.perf_counter()
         return control
 
@@ -149,19 +153,20 @@ def trainer_trial(
     accumulation: int,
     optimizer,
     trainer_class: type,
+    check=None,
 ) -> TrainerTrial:
     """The trial of the module docstring for `candidate` (precision, attention, compiled) on `batches` (index lists
     of the training split of `data`, a `PreparedData`; `accumulation` of them per update), with the run's Trainer
     (`trainer_class`, given by the run: the budget imports nothing of the run's), its arguments `args` and the
-    calibration's `optimizer` factory. A ValueError or RuntimeError of the trial (out of memory) is the caller's to
-    handle."""
+    calibration's `optimizer` factory; `check()` after each update may end it with a BudgetError (on a CPU). A
+    ValueError or RuntimeError of the trial (out of memory) is the caller's to handle."""
     device, (precision, attention, compiled) = torch.device(args.device), candidate
     updates, mode = len(batches) // accumulation, getattr(args, "torch_compile_mode", None)
     if updates <= CPU_WARM:
         raise RuntimeError(f"{len(batches)} batches of distinct shapes make too few updates of {accumulation}")
     collator = training_collator(data.tokenizer, model.config, device)
     collated = [{k: v.to(device) for k, v in batch.items()} for batch in collate_rows(data.train, batches, collator)]
-    watch, rounds = _watch(model, candidate, collated, accumulation, optimizer, mode)
+    watch, rounds = _watch(model, candidate, collated, accumulation, optimizer, mode, check)
     loop = {"train_dataset": data.train, "data_collator": collator, "batch_sampler": _FixedBatches(batches, rounds)}
     trial = copy.deepcopy(model).train()
     # The trial's plan: the candidate, its length all warmup at a rate too small to move the copy, no events.
@@ -191,12 +196,13 @@ def _train(trainer_class: type, compiled: bool, **arguments) -> None:
             torch._dynamo.reset()  # the trial's graphs go: the Trainer's compile starts afresh
 
 
-def _watch(model, candidate: Candidate, collated: list[dict], accumulation: int, optimizer, mode) -> tuple:
+def _watch(model, candidate: Candidate, collated: list[dict], accumulation: int, optimizer, mode, check=None) -> tuple:
     """(what times the trial's Trainer, the passes it makes over its batches): on a GPU the window of its second
     pass against the calibration's update measured here; on a CPU the calibration's update beside each of its own."""
     device, updates = collated[0]["input_ids"].device, len(collated) // accumulation
     if device.type != "cuda":
-        return _Pairs(_Copy(model, candidate, device, optimizer, mode), collated, accumulation, warm=CPU_WARM), 1
+        copy_ = _Copy(model, candidate, device, optimizer, mode)
+        return _Pairs(copy_, collated, accumulation, warm=CPU_WARM, check=check), 1
     timing = next(iter(measure_updates(model, collated, [candidate], optimizer, device, compile_mode=mode).values()))
     if timing.failure:
         raise RuntimeError(timing.failure)
@@ -231,8 +237,10 @@ def trainer_ratio(inputs, sized, fit) -> tuple[float, list[str], TrainerTrial | 
     try:
         trial = trainer_trial(
             sized.model, sized.measurement.fixed, batches, inputs.data, settings.args, accumulation,
-            settings.optimizer, inputs.trainer_class,
+            settings.optimizer, inputs.trainer_class, inputs.clock.check_measuring,
         )  # fmt: skip
+    except BudgetError:
+        raise  # the budget is spent: the trial did not fail
     except (RuntimeError, ValueError) as error:
         return 1.0, [f"the Trainer's update not measured before training ({str(error).splitlines()[0][:200]})"], None
     ratio = trial.trainer_seconds / fit.timing.steady
