@@ -227,6 +227,7 @@ class _Progress:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=round(total_minutes, 1), unit="min", desc="curve", bar_format=_BAR)
+            self.every = 5.0 if sys.stderr.isatty() else 60.0  # into a log: a line a minute
             self.thread = threading.Thread(target=self._tick, daemon=True)
             self.thread.start()
 
@@ -240,7 +241,7 @@ class _Progress:
         self._show(self.base)
 
     def _tick(self) -> None:
-        while not self.stop.wait(5.0):
+        while not self.stop.wait(self.every):
             if self.started is not None:
                 self._show(self.base + min(self.minutes, (time.monotonic() - self.started) / 60))
 
