@@ -54,11 +54,10 @@ def test_a_list_of_choices_given_is_honoured_and_a_recipes_list_gives_way_to_a_v
         300,
         None,
     )
-    # Restating the recipe's own first choice keeps its list; another size trains that size.
-    recipe, _ = parse(tmp_path, "--preset", "base")
-    assert recipe.preset_choices == "base,medium,small,compact"
-    recipe, _ = parse(tmp_path, "--preset", "small")
-    assert (recipe.preset, recipe.preset_choices) == ("small", None)
+    # A size given is the size trained, the recipe's first choice or its own preset as well.
+    for preset in ("medium", "small"):
+        recipe, _ = parse(tmp_path, "--preset", preset)
+        assert (recipe.preset, recipe.preset_choices) == (preset, None)
     # A given length has nothing to choose by: the recipe's lists give way.
     recipe, _ = parse(tmp_path, "--max_steps", "30")
     assert recipe.preset_choices is None and recipe.max_tokens_choices is None

@@ -21,10 +21,9 @@ stays with the plan said where it is made and written, the fit's figures of the 
 (with the re-plans' rules) and the new shapes' seconds re-fitted in replanning.py. Issue 49's count: 46 entries and
 21 returns before these three, 42 and 17 after; with the budget checked at the run's start (before the corpus is
 read) and the measuring step timing its chosen update at more batch sizes and saying its choice itself (the
-calibration only times what it is given), 41 and 16, the walk 155, 58, 32 (docs/layout.md;
-scripts/walk_layout_probe.py searches layouts of the functions under either count, and replays the walk with files
-or functions moved and calls removed). The ceilings keep a few entries' room for what a loaded machine's timing adds
-(a deadline, a re-plan after a validation). A run that starts again with another choice (its switch, the settings
+calibration only times what it is given), 41 and 16, the walk 155, 58, 32 (docs/layout.md). The issue's goal of 30
+entries and 10 returns is retired (2026-12-02); the ceilings stay where they were then, with a few entries' room for
+what a loaded machine's timing adds (a deadline, a re-plan after a validation). A run that starts again with another choice (its switch, the settings
 switched to, the plan of a known choice) adds at most `MOST_ADDED_BY_A_RESTART` functions it had not called before
 the switch."""
 
@@ -142,22 +141,6 @@ def test_the_walk_marks_entries_and_returns():
         [("a.py", "f"), ("a.py", "g"), ("b.py", "h")],
     )
     assert walk.entering == [("b.py", "h"), ("a.py", "j")] and marked(walk.entering)[1:] == (2, 0)
-
-
-def test_the_probe_replays_a_walk_with_files_moved_and_calls_removed():
-    """scripts/walk_layout_probe.py's replay (`--move`, `--drop`), which docs/layout.md's figures of changed calls
-    come from, on a walk written out."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from walk_layout_probe import replayed
-
-    calls = [("a.py", "f"), ("b.py", "g"), ("c.py", "h"), ("b.py", "k"), ("b.py", "C.m")]
-    callers = [("run.py", "main"), ("a.py", "f"), ("b.py", "g"), ("c.py", "h"), ("run.py", "main")]
-    assert replayed(calls, callers, {}, set()) == calls
-    # c.py in b.py: g's call of h and h's call of k stay within a file.
-    assert replayed(calls, callers, {"c.py": "b.py"}, set()) == [("a.py", "f"), ("b.py", "g"), ("b.py", "C.m")]
-    # One method moved to its caller's file enters none; h removed takes its own call of k with it.
-    assert replayed(calls, callers, {"b.py:C.m": "run.py"}, {"c.py:h"}) == [("a.py", "f"), ("b.py", "g")]
-    assert marked(replayed(calls, callers, {}, set()))[1:] == (4, 1)
 
 
 @pytest.mark.slow

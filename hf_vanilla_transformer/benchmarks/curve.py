@@ -6,9 +6,11 @@ Each point is the package's own command line (`main --max_minutes M --seed S --o
 the flags the curve was given), so a point is what a user gets from the same command. A point whose folder holds
 its `results.json` is done; the others run, and a point killed on the way resumes from its newest checkpoint with the
 plan it had fixed (the training command's own resume): a killed curve, started again with the same command, goes
-on where it stopped. A point that fails is recorded with its exit status and kept as a point of the curve.
+on where it stopped. A point that fails is recorded with its exit status; one whose run wrote its results (a
+source collapse) is kept as a point of the curve, one that left none is run again by the next call.
 
-`--kernels avx2` caps the kernels of every point at AVX2 (`KERNEL_ENVIRONMENT`: PyTorch's own, oneDNN's and MKL's),
+`--kernels native` runs the points in this environment as it is; `--kernels avx2` caps the kernels of every point at
+AVX2 (`KERNEL_ENVIRONMENT`: PyTorch's own, oneDNN's and MKL's),
 as on a laptop without AVX-512 or AMX: the run then sees no bf16 units (`utils/machine.py`) and trains in fp32.
 Before the first point a probe shows that the caps took effect (`kernels_check`: the ISA PyTorch dispatches to and
 the one oneDNN and MKL name in their verbose output), and the curve stops where they did not.
@@ -68,8 +70,8 @@ class CurveOptions:
             raise ValueError(f"kernels={self.kernels!r} is invalid; expected one of {', '.join(KERNEL_ENVIRONMENT)}.")
         if self.command not in COMMANDS:
             raise ValueError(f"command={self.command!r} is invalid; expected one of {', '.join(COMMANDS)}.")
-        owned = {"--max_minutes", "--seed", "--output_dir", "--max_steps"}
-        given = sorted({word.split("=", 1)[0] for word in self.extra} & owned)
+        owned = {"--max_minutes", "--seed", "--output_dir", "--max_steps", "--resume_from_checkpoint"}
+        given = sorted({word.split("=", 1)[0].replace("-", "_").replace("__", "--", 1) for word in self.extra} & owned)
         if given:
             raise ValueError(
                 f"{', '.join(given)} are the curve's own (each point's budget, seed and folder); remove them."
@@ -115,7 +117,17 @@ def kernels_check(kernels: str) -> dict:
     import subprocess
 
     env = {**environment(kernels), "ONEDNN_VERBOSE": "1", "MKL_VERBOSE": "1"}
-    done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    try:
+        done = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return {
+            "kernels": kernels,
+            "torch": None,
+            "onednn": None,
+            "mkl": None,
+            "machine": "the probe timed out",
+            "ok": False,
+        }
     lines = (done.stdout + done.stderr).splitlines()
     torch_isa = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("torch capability")), None)
     onednn = next((line.split("isa:", 1)[1].strip() for line in lines if ",info,cpu,isa:" in line), None)
@@ -189,7 +201,8 @@ def run_curve(options: CurveOptions, progress: bool = True) -> dict:
             )
             bar.start(name, minutes)
             flags = point_flags(options, minutes, seed)
-            step = run_step(_command(flags), log, minutes * 60 * TIMEOUT_FACTOR + 900, environment(options.kernels))
+            limit, env = minutes * 60 * TIMEOUT_FACTOR + 900, environment(options.kernels)
+            step = run_step(_command(flags), log, limit, env, append=resumed)  # a resumed point's log goes on
             bar.done(minutes)
             curve["points"][name] = {"status": step["status"], "command": step["command"], "resumed": resumed}
             curve["points"][name]["seconds"] = step["seconds"]

@@ -23,11 +23,14 @@ FAILURE_MARK = "=== failed test: "  # on a line of its own before each
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def run_step(command: list[str], log: Path, seconds: float, env: dict, cwd: Path | None = None) -> dict:
-    """Run `command` with its output in `log`; past `seconds` its whole process group is stopped. Returns its
-    status ("ok", "failed (exit status N)", "timed out after N s"), exit status, seconds, limit and log."""
+def run_step(
+    command: list[str], log: Path, seconds: float, env: dict, cwd: Path | None = None, append: bool = False
+) -> dict:
+    """Run `command` with its output in `log` (after what it holds, with `append`); past `seconds` its whole process
+    group is stopped. Returns its status ("ok", "failed (exit status N)", "timed out after N s"), exit status,
+    seconds, limit and log."""
     started = time.monotonic()
-    with log.open("w") as handle:
+    with log.open("a" if append else "w") as handle:
         process = subprocess.Popen(
             command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
         )

@@ -2,6 +2,12 @@
 
 Usage:
     vanilla-transformer push MODEL_DIR REPO_ID [--private] [--dry-run] [--token TOKEN]
+    vanilla-transformer push MODEL_DIR REPO_ID --format marian [--onnx]   # a stock MarianMTModel: no remote code
+
+With `--format marian` the folder is first exported as a stock MarianMTModel folder (`vanilla-transformer export
+--format marian`, with its ONNX graphs for transformers.js with `--onnx`) and that folder goes up: config, weights,
+tokenizer, generation config and its card, no code at all (docs/sharing.md says when to pick which). A Marian folder
+exported before is published the same way, given as MODEL_DIR.
 
 What goes up: the weights (safetensors), config.json (with `auto_map` and the translation pipeline in
 `custom_pipelines`), the remote-code files (configuration, modeling, pipeline), the tokenizer, the generation config,
@@ -17,6 +23,7 @@ publish them (docs/security.md).
 """
 
 import sys
+import tempfile
 from pathlib import Path
 
 from ..sharing.hub import PublishError, push_model_folder
@@ -42,10 +49,36 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--private", action="store_true", help="create the repository as private")
     parser.add_argument("--dry-run", action="store_true", help="list what would be uploaded; no network")
     parser.add_argument("--token", help="a Hugging Face token (default: the one of `hf auth login` or HF_TOKEN)")
+    parser.add_argument(
+        "--format",
+        choices=["folder", "marian"],
+        default="folder",
+        help="folder: as trained (remote code); marian: exported as a stock MarianMTModel first (no remote code)",
+    )
+    parser.add_argument("--onnx", action="store_true", help="with --format marian: its ONNX graphs too")
     options = parser.parse_args(argv)
+    if options.onnx and options.format != "marian":
+        parser.error("--onnx applies to --format marian only")
+    with tempfile.TemporaryDirectory(prefix="marian-export-") as exported:
+        try:
+            folder = _exported(options.model_dir, exported, options.onnx) if options.format == "marian" else None
+        except (OSError, ValueError, ImportError, RuntimeError) as error:  # the export's: one line
+            print(f"error: {str(error).strip().splitlines()[0]}", file=sys.stderr)
+            return 1
+        return _push(options, folder or options.model_dir)
+
+
+def _exported(model_dir: str, folder: str, onnx: bool) -> str:
+    """The model folder exported as a MarianMTModel folder under the temporary `folder`, named as the model."""
+    from ..deploy.marian import export_marian
+
+    return str(export_marian(model_dir, Path(folder) / Path(model_dir).resolve().name, onnx=onnx))
+
+
+def _push(options, model_dir: str) -> int:
     try:
         plan, url = push_model_folder(
-            options.model_dir,
+            model_dir,
             options.repo_id,
             private=options.private,
             token=options.token,

@@ -79,6 +79,56 @@ def layer_weights(source: dict[str, torch.Tensor], config: dict) -> tuple[dict[s
     return {ours: source[key] for ours, key in names.items()}, set(names.values())
 
 
+# Where a MarianMTModel config.json written by `export --format marian` says the paper's layout was permuted into
+# Marian's: the Marian conversion reads it and permutes back, so that ours -> Marian -> ours gives the same weights
+# (a note, no code).
+PERMUTED_FROM = "sinusoids_permuted_from"
+
+
+def residual_permutation(d_model: int, layout: str = "interleaved") -> torch.Tensor:
+    """The permutation `p` of the model dimension with Marian's feature j = ours p[j]: Marian's first half holds
+    the sines (ours at even features), its second half the cosines (ours at odd ones); the identity for a model in
+    Marian's own layout (`"concat"`)."""
+    if layout == "concat":
+        return torch.arange(d_model)
+    half = d_model // 2
+    return torch.cat([torch.arange(half) * 2, torch.arange(half) * 2 + 1])
+
+
+# The kinds of our weights that read the residual stream (their input features) and that write or normalize it (their
+# output features and biases): the two sides of a permutation of the model dimension (`permute_residual`).
+READS_RESIDUAL = ("q_proj", "k_proj", "v_proj", "fc1")
+WRITES_RESIDUAL = (
+    "out_proj",
+    "fc2",
+    "self_attn_layer_norm",
+    "encoder_attn_layer_norm",
+    "final_layer_norm",
+    "layer_norm",
+)
+
+
+def permute_residual(weights: dict[str, torch.Tensor], p: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Our weights (by our names) with the model dimension permuted: feature j of the new residual stream is feature
+    p[j] of the old. LayerNorm, attention and the FFN are equivariant to such a permutation, and the embeddings (and
+    an untied output projection) follow it, so every logit stays the same; the position encodings must follow it too
+    (Marian's `[sin | cos]` halves are the paper's interleaved sinusoids permuted: `deploy/marian.py`). A bias of a
+    projection that reads the stream, and every matrix of another kind, stay as they are."""
+    permuted = {}
+    for name, tensor in weights.items():
+        parts = name.split(".")
+        kind = parts[-2] if len(parts) >= 2 else ""
+        if name.endswith("embed_tokens.weight") or name.endswith("shared.weight") or name == "lm_head.weight":
+            permuted[name] = tensor[:, p]
+        elif kind in READS_RESIDUAL:
+            permuted[name] = tensor[:, p] if parts[-1] == "weight" else tensor
+        elif kind in WRITES_RESIDUAL:
+            permuted[name] = tensor[p]
+        else:
+            permuted[name] = tensor
+    return permuted
+
+
 def layer_count(source: dict[str, torch.Tensor], prefix: str) -> int:
     """How many layers `{prefix}layers.{i}.*` the source holds."""
     found = {key[len(prefix) :].split(".")[1] for key in source if key.startswith(f"{prefix}layers.")}

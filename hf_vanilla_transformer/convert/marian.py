@@ -19,6 +19,7 @@ import torch
 
 from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
 from .common import (
+    PERMUTED_FROM,
     Conversion,
     ConversionError,
     check_position_tables,
@@ -27,8 +28,10 @@ from .common import (
     folder_generation,
     hf_weights,
     layer_weights,
+    permute_residual,
     read_json,
     refuse_unconsumed,
+    residual_permutation,
     same_weights,
     single_token_id,
     source_generation,
@@ -61,9 +64,16 @@ def marian_conversion(folder: Path) -> Conversion:
         ours["lm_head.bias"] = weights["final_logits_bias"].reshape(-1)
     checked = check_position_tables(weights, "embed_positions.weight", "concat", 0, config["d_model"])
     refuse_unconsumed(weights, consumed | taken | checked | {"final_logits_bias"})
+    restored = raw.get(PERMUTED_FROM) == "interleaved"
+    if restored:  # written by `export --format marian` from the paper's layout: permuted back, the same weights
+        ours = permute_residual(ours, torch.argsort(residual_permutation(config["d_model"])))
+        config["sinusoid_layout"] = "interleaved"
     tokenizer = _tokenizer(folder)
     notes = [
-        "positions: Marian's `[sin | cos]` sinusoids (`sinusoid_layout='concat'`), computed instead of tabulated",
+        "positions: the paper's interleaved sinusoids, the weights permuted back from the `[sin | cos]` layout "
+        "`export --format marian` wrote them in (the same weights as the model exported)"
+        if restored
+        else "positions: Marian's `[sin | cos]` sinusoids (`sinusoid_layout='concat'`), computed instead of tabulated",
         f"activation: {config['activation_function']}",
         "output bias: Marian's final_logits_bias (`output_bias=True`)"
         if config["output_bias"]
@@ -153,5 +163,9 @@ def _embeddings(weights: dict[str, torch.Tensor], config: dict) -> tuple[dict[st
 
 
 def _tokenizer(folder: Path):
-    """The folder's MarianTokenizer (it needs `sentencepiece`: `pip install hf-vanilla-transformer[convert]`)."""
+    """The folder's MarianTokenizer (it needs `sentencepiece`: `pip install hf-vanilla-transformer[convert]`), or,
+    where the folder holds a `tokenizer.json` and no SentencePiece models (a folder of `export --format marian`), its
+    fast tokenizer, of a class transformers ships."""
+    if (folder / "tokenizer.json").is_file() and not (folder / "source.spm").exists():
+        return source_tokenizer(folder, "AutoTokenizer", ("tokenizer.json",), "tokenizers")
     return source_tokenizer(folder, "MarianTokenizer", ("source.spm", "target.spm", "vocab.json"), "sentencepiece")

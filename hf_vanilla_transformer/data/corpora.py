@@ -417,7 +417,8 @@ def load_corpus(
     carve: bool = False,
 ) -> DatasetDict:
     """One entry point for every source: `libreoffice-help` (default), `libreoffice-ui`, `libreoffice-help-ui` (the
-    help with the UI strings' training messages: the CPU recipe's), `wmt14` (from the Hub, or
+    help with the UI strings' training messages: the CPU recipe's), `debian-messages` (command-line tools' messages:
+    a domain far from the help), `wmt14` (from the Hub, or
     from `wmt14_dir`), or local files (with `carve`, the held-out splits not given carved out of the training file
     as it is cached: see `parallel_files_corpus`)."""
     if data_files:
@@ -436,9 +437,13 @@ def load_corpus(
         return libreoffice_ui_corpus(target_lang, cache_dir)
     if dataset == "libreoffice-help-ui":
         return libreoffice_help_ui_corpus(source_lang, target_lang, cache_dir)
+    if dataset == "debian-messages":
+        from .debian_messages import debian_messages_corpus
+
+        return debian_messages_corpus(source_lang, target_lang, cache_dir)
     if dataset == "wmt14":
         return wmt14_corpus(source_lang, target_lang, wmt14_dir, cache_dir)
     raise ValueError(
         f"dataset={dataset!r} is unknown; expected 'libreoffice-help', 'libreoffice-ui', 'libreoffice-help-ui', "
-        "'wmt14', or --data_files for local files."
+        "'debian-messages', 'wmt14', or --data_files for local files."
     )

@@ -33,8 +33,9 @@ from transformers.activations import ACT2FN
 
 
 # The two sizes of the paper (§6.1, Table 3) and smaller ones for CPU runs, chosen by a budget's length: `medium`
-# (base's depth, three quarters of its width: an update 2.0x small's in bf16 on a 2-core Xeon with AMX, base's 3.0x),
-# `small` and `compact` (1.5x small's speed); `tiny` for tests.
+# (small's depth, three quarters of base's width: an update 1.3x small's in bf16 on a 2-core Xeon with AMX; base's
+# depth at the CPU recipe's peak learned a quarter as fast per update, docs/budget_curve.md), `small` and `compact`
+# (1.5x small's speed); `tiny` for tests.
 def symmetric_preset(d_model: int, layers: int, heads: int, ffn_dim: int, **more) -> dict:
     """A size with the same number of layers, heads and FFN width in the encoder and the decoder, as the paper's."""
     sides = {"layers": layers, "attention_heads": heads, "ffn_dim": ffn_dim}
@@ -46,7 +47,7 @@ def symmetric_preset(d_model: int, layers: int, heads: int, ffn_dim: int, **more
 PRESETS: dict[str, dict] = {
     "base": symmetric_preset(512, layers=6, heads=8, ffn_dim=2048, dropout=0.1),
     "big": symmetric_preset(1024, layers=6, heads=16, ffn_dim=4096, dropout=0.3),
-    "medium": symmetric_preset(384, layers=6, heads=6, ffn_dim=1536, dropout=0.1),
+    "medium": symmetric_preset(384, layers=3, heads=6, ffn_dim=1536, dropout=0.1),
     "small": symmetric_preset(256, layers=3, heads=4, ffn_dim=1024, dropout=0.1),
     "compact": symmetric_preset(192, layers=3, heads=4, ffn_dim=768, dropout=0.1),
     "tiny": symmetric_preset(32, layers=2, heads=4, ffn_dim=64, dropout=0.1, vocab_size=99),

@@ -117,8 +117,47 @@ def stage_for_hub(
         raise PublishError(f"Cannot publish {model_dir}: {error.strerror}{where}. Nothing was uploaded.") from None
 
 
+# What a stock MarianMTModel folder (`export --format marian`) publishes: no code at all, its card as it is.
+MARIAN_COPIED = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "source.spm",  # a converted opus-mt model's own MarianTokenizer
+    "target.spm",
+    "vocab.json",
+    "README.md",
+)
+
+
+def _stage_marian(folder: ModelFolder, staging_dir: Path) -> tuple[list[Path], list[str]]:
+    """`stage_for_hub` for a MarianMTModel folder: its files of `MARIAN_COPIED` and its ONNX graphs (`onnx/`), no
+    code (a config or tokenizer config naming some is refused), the card checked as the package's own is."""
+    missing = [name for name in ("model.safetensors", "README.md") if not folder.exists(name)]
+    if not folder.exists("tokenizer.json") and not folder.exists("source.spm"):
+        missing.append("tokenizer.json (or a MarianTokenizer's source.spm)")
+    if missing:
+        raise PublishError(f"{folder.path} is not a complete Marian folder: {', '.join(missing)} missing.")
+    for name in ("config.json", "tokenizer_config.json"):
+        if folder.exists(name) and folder.json(name).get("auto_map"):
+            raise PublishError(
+                f"{folder.path / name} names code (auto_map): a Marian folder needs none. Nothing was uploaded."
+            )
+    onnx = [f"onnx/{name}" for name in folder.names("onnx")]
+    staged = []
+    for name in [*MARIAN_COPIED, *(name for name in onnx if name.endswith((".onnx", ".onnx_data")))]:
+        staged += _stage_file(folder, name, staging_dir / name)
+    check_model_card((staging_dir / "README.md").read_text(encoding="utf-8"))
+    return sorted(staged), []
+
+
 def _stage(folder: ModelFolder, staging_dir: Path, repo_id: str | None) -> tuple[list[Path], list[str]]:
     """`stage_for_hub` on the open folder: what is required checked first, then each file staged or refused."""
+    if folder.exists("config.json") and folder.json("config.json").get("model_type") == "marian":
+        staging_dir.mkdir(parents=True, exist_ok=True)
+        return _stage_marian(folder, staging_dir)
     missing = [name for name in REQUIRED if not folder.exists(name)]
     missing += [name for name in code_files_needed(folder) if not folder.exists(name)]
     if missing:
@@ -163,7 +202,7 @@ def _stage_file(folder: ModelFolder, name: str, target: Path) -> list[Path]:
     Raises RefusedFile naming it where push does not read it."""
     if not folder.exists(name):
         return []
-    target.parent.mkdir(exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     if name == "tokenizer_config.json":  # written as read, once its code is known to be this package's
         text = folder.text(name)
         check_own_code(name, json_object(name, text))

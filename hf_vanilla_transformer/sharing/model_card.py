@@ -15,6 +15,7 @@ DATASET_IDS = {
     "libreoffice-help": ("libreoffice-help", "the LibreOffice help (Debian packages)"),
     "libreoffice-ui": ("libreoffice-ui", "the LibreOffice user-interface strings (Debian packages)"),
     "libreoffice-help-ui": ("libreoffice-help-ui", "the LibreOffice help and user-interface strings (Debian packages)"),
+    "debian-messages": ("debian-messages", "the messages of command-line tools (Debian packages' gettext catalogues)"),
     "wmt14": ("wmt/wmt14", "WMT14"),
 }
 # What the test split is, and what its figures compare with.
@@ -25,11 +26,13 @@ TEST_SPLITS = {
         ", the help's own, split by file so that no test page was seen in training; no UI string trained on is a test"
         " sentence"
     ),
+    "debian-messages": ", split by message (a hash of its English text) so that no test message was seen in training",
     "wmt14": ": newstest2014, the paper's test set",
 }
 COMPARABILITY = {
     "libreoffice-help": "The domain is software documentation: these figures are not comparable with newstest2014.",
     "libreoffice-ui": "The domain is software user interfaces: these figures are not comparable with newstest2014.",
+    "debian-messages": "The domain is command-line tools' messages: these figures are not comparable with newstest2014.",
     "wmt14": (
         "Tokenized BLEU with compound splitting is the measure of the paper's Table 2 (EN-DE: base 27.3, big 28.4); "
         "sacreBLEU is the one to compare with other systems."

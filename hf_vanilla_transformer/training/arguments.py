@@ -61,7 +61,8 @@ class ModelDataArguments:
         default="libreoffice-help",
         metadata={
             "help": "libreoffice-help (default), libreoffice-ui, libreoffice-help-ui (the help with the UI strings' "
-            "training messages: the cpu recipe's), or wmt14 (from the Hugging Face Hub, or offline from --wmt14_dir)."
+            "training messages: the cpu recipe's), debian-messages (command-line tools' messages), or wmt14 (from the "
+            "Hugging Face Hub, or offline from --wmt14_dir)."
         },
     )
     wmt14_dir: str | None = field(
@@ -233,8 +234,9 @@ class ModelDataArguments:
     dropout_by_epochs: str | None = field(
         default=None,
         metadata={
-            "help": "A budgeted run's dropout from the epochs its plan predicts, as epochs:dropout pairs (e.g. 10:0.1: "
-            "0.1 from 10 epochs on; below the first, --dropout or the size's own)."
+            "help": "The run's dropout from the epochs its plan predicts (a budget's, or a given length's), as "
+            "epochs:dropout pairs (e.g. 12:0.1: 0.1 from 12 epochs on; below the first, --dropout or the size's own); "
+            "a --dropout given on the command line turns it off."
         },
     )
     plateau_validations: int | None = field(

@@ -98,8 +98,9 @@ def settle_choices(recipe, args, given: set[str]):
 
     A list given on the command line sets the value it starts from (`--preset_choices base,small` trains base or
     small, whatever the recipe's preset); a recipe file's list gives way to a value given instead (`--preset tiny`
-    over the CPU recipe trains tiny) and to a run with nothing to choose by (a given length; a saved model). A list
-    given that the run cannot honour is an error naming it, never dropped."""
+    over the CPU recipe trains tiny, and so does `--preset small`: a size given is the size trained) and to a run
+    with nothing to choose by (a given length; a saved model). A list given that the run cannot honour is an error
+    naming it, never dropped."""
     settled = {}
     for name, value_name in CHOICE_LISTS.items():
         choices = getattr(recipe, name)
@@ -114,7 +115,7 @@ def settle_choices(recipe, args, given: set[str]):
                 )
             settled[value_name] = first  # the checks of check_run_arguments name what cannot be honoured
         elif (
-            (value_name in given and getattr(recipe, value_name) != first)
+            value_name in given
             or not budgeted(recipe, args)
             or (name == "preset_choices" and recipe.model_name_or_path)
         ):

@@ -113,6 +113,11 @@ class RunSettings:
             "recipe_file": recipe.recipe,
             "publish_examples": recipe.publish_examples,
             "cut_warmup_keeps_peak": recipe.cut_warmup_keeps_peak,
+            "size_min_updates": recipe.size_min_updates,
+            "dropout": recipe.dropout,
+            "dropout_by_epochs": recipe.dropout_by_epochs,
+            "max_epochs": recipe.max_epochs,
+            "plateau_validations": recipe.plateau_validations,
             "max_minutes": recipe.max_minutes,
             "max_steps": args.max_steps,
         }

@@ -58,7 +58,8 @@ class BudgetClock:
         return max(0.0, left) * SAFETY if planned else left
 
     def check_measuring(self) -> None:
-        """A BudgetError once measuring the update has spent the whole budget (called before each update it times):
+        """A BudgetError once measuring the update has left no time to train (`seconds_left`: the budget less what is
+        spent and the finishing kept; called before each update it times):
         on a machine busy with another process every measured update is slower, and the budget is kept all the same;
         nothing where there is no budget."""
         if self.seconds is None or self.seconds_left() > 0:

@@ -152,7 +152,8 @@ def choose(
     grown = {name for name, _ in inputs.rules.size_min_updates}
     anchor = next((name for name in presets if name not in grown), presets[-1])
     for index, preset in enumerate(presets):
-        last, own = index == len(presets) - 1, inputs.rules.for_size(preset)  # the updates this size must reach
+        last = index == len(presets) - 1
+        own = inputs.rules.for_size(preset) if len(presets) > 1 else inputs.rules  # the updates this size must reach
         if preset in grown and preset != anchor:
             _measure(inputs, model, known, measured, anchor)
             if not may_reach(inputs, measured[anchor].measurement.per_size, ratio, own):
@@ -211,7 +212,7 @@ def budgeted_plan(
     sized, timing, steps = measured[preset], chosen.timing, chosen.max_steps
     plan = schedule(inputs, sized.model, steps, chosen.max_tokens, sized.measurement, reasons, times)
     if several:
-        sized_rule = {"rule": "size_min_updates", "said": f"size {preset}"}
+        sized_rule = {"rule": "preset_choices", "said": f"size {preset}"}
         plan = plan.but(rules=[sized_rule, *plan.record.rules])
     # After the schedule, what the fit says of every choice measured and of the chosen run, and then in make_plan
     # the re-plans' rules: fitting.py is asked once for all three (tests/test_run_order.py counts the returns).

@@ -1,0 +1,162 @@
+"""The rules that make the recipe hold from a few minutes to hours (issue 63): the sizes grow with the budget
+(`size_min_updates`, measured only where the anchor's time allows), dropout follows the predicted epochs
+(`dropout_by_epochs`), a plateau of validation BLEU ends a run early and says so (`plateau_validations`), the
+collapse guard judges a model only once it has seen an epoch, and the measuring step keeps the budget."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from test_budget import _small_or_tiny, _staged_plan
+from transformers import TrainerControl, TrainerState
+
+from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
+from hf_vanilla_transformer.training.budget import BudgetClock, BudgetError, apply_plan
+from hf_vanilla_transformer.training.budget.calibration import measure_updates
+from hf_vanilla_transformer.training.budget.schedule import dropout_for
+from hf_vanilla_transformer.training.callbacks import PlateauCallback
+from hf_vanilla_transformer.training.choices import dropout_by_epochs, size_min_updates
+from hf_vanilla_transformer.training.collapse import NOTHING_BELOW, SourceCheckCallback
+from hf_vanilla_transformer.training.recipes import parse_arguments
+from hf_vanilla_transformer.training.results import fired_rules
+
+from conftest import plan_of, tiny_model
+
+
+BASE, SMALL = 512, 256
+
+
+def test_a_larger_size_is_measured_only_where_the_anchors_time_allows_its_updates(tmp_path, monkeypatch):
+    """With `size_min_updates` naming base, small (the first size it does not name) is measured first and chooses
+    the precision and attention; base, whose update is never faster, is not measured at all where small's time
+    cannot give base's updates, and small trains; where it can, base is measured, with small's choice, and chosen."""
+    recipe = _small_or_tiny(
+        preset="base", preset_choices="base,small,tiny", size_min_updates="base:100000000", min_updates=1,
+        max_minutes=30, checkpoints_per_run=4,
+    )  # fmt: skip
+    plan, measured, _ = _staged_plan(tmp_path / "a", monkeypatch, recipe)
+    assert [(width, size) for width, size, _ in measured[:4]] == [(SMALL, 1024)] * 4  # the anchor chooses
+    assert all(width != BASE for width, _, _ in measured) and plan.choice.preset == "small"
+    assert "its updates: base 100,000,000, small 1" in plan.summary()
+    assert plan.record.rules[0] == {"rule": "preset_choices", "said": "size small"}
+    recipe = _small_or_tiny(
+        preset="base", preset_choices="base,small,tiny", size_min_updates="base:2", min_updates=1, max_minutes=30,
+        checkpoints_per_run=4,
+    )  # fmt: skip
+    plan, measured, _ = _staged_plan(tmp_path / "b", monkeypatch, recipe)
+    assert [(width, size) for width, size, _ in measured[:4]] == [(SMALL, 1024)] * 4
+    assert [(width, size) for width, size, _ in measured if width == BASE] == [(BASE, 512), (BASE, 1024)]
+    assert {key for width, _, key in measured if width == BASE} == {f"{plan.choice.precision}/sdpa"}
+    assert plan.choice.preset == "base" and plan.record.rules[0]["said"] == "size base"
+    with pytest.raises(ValueError, match=r"size_min_updates='base:many' holds 'base:many'; expected size:updates"):
+        size_min_updates(ModelDataArguments(size_min_updates="base:many"))
+    assert size_min_updates(ModelDataArguments(size_min_updates="base:12000, medium:6000")) == {
+        "base": 12000,
+        "medium": 6000,
+    }
+
+
+def test_dropout_follows_the_epochs_the_plan_predicts(tmp_path, monkeypatch):
+    """`dropout_by_epochs`: the dropout of the last step the predicted epochs reach, none below the first (the
+    model's own); the plan holds it and says why, the Trainer's model gets it in every module that applies §5.4's
+    dropout; a dropout given on the command line is the run's whatever its epochs."""
+    steps = dropout_by_epochs(ModelDataArguments(dropout_by_epochs="25:0.3, 12:0.1"))
+    assert steps == [(12.0, 0.1), (25.0, 0.3)]
+    assert (dropout_for(steps, 11.9), dropout_for(steps, 12.0), dropout_for(steps, 40)) == (None, 0.1, 0.3)
+    with pytest.raises(ValueError, match=r"dropout_by_epochs='12:1.5' holds '12:1.5'"):
+        dropout_by_epochs(ModelDataArguments(dropout_by_epochs="12:1.5"))
+    recipe = _small_or_tiny(preset="tiny", preset_choices=None, max_minutes=30, dropout_by_epochs="0:0.3")
+    plan, _, _ = _staged_plan(tmp_path / "a", monkeypatch, recipe)
+    assert plan.choice.dropout == 0.3 and "dropout 0.3 for " in plan.summary()
+    assert {"rule": "dropout_by_epochs"}.items() <= plan.record.rules[-1].items()
+    recipe = _small_or_tiny(preset="tiny", preset_choices=None, max_minutes=30, dropout_by_epochs="1e9:0.3")
+    plan_none, _, _ = _staged_plan(tmp_path / "b", monkeypatch, recipe)
+    assert plan_none.choice.dropout is None and plan_none.record.rules == []
+    model = tiny_model()
+    apply_plan(plan, TransformerTrainingArguments(output_dir=str(tmp_path), use_cpu=True), model)
+    assert model.config.dropout == 0.3 and model.model.encoder.dropout == 0.3
+    assert {layer.dropout for layer in model.model.decoder.layers} == {0.3}
+    assert model.model.decoder.layers[0].self_attn.attention_dropout == 0.0  # not §5.4's: left alone
+    recipe, _ = parse_arguments(["--recipe", "cpu", "--output_dir", str(tmp_path), "--dropout", "0.2"])
+    assert recipe.dropout == 0.2 and recipe.dropout_by_epochs is None
+
+
+def validate(callback, step: int, gain: float, max_steps: int = 5000, warmup: int = 100) -> TrainerControl:
+    args = TransformerTrainingArguments(output_dir="unused", warmup_steps=warmup, use_cpu=True)
+    state = TrainerState(global_step=step, max_steps=max_steps)
+    metrics = {"eval_source_loss": 3.0, "eval_loss_shuffled_sources": 3.0 + gain, "eval_source_gain": gain}
+    return callback.on_evaluate(args, state, TrainerControl(), metrics=metrics)
+
+
+def test_a_model_is_judged_on_its_source_only_after_an_epoch(caplog):
+    """The 6-minute run on an AVX2 laptop: 252 updates, a quarter of an epoch, its source worth nothing yet at three
+    validations after warmup: not a collapse (it had not begun to read); it ends its run, said in the log. After an
+    epoch the same three validations stop a run."""
+    nothing = NOTHING_BELOW / 2
+    early = SourceCheckCallback("stop", updates_per_epoch=925)
+    for step in (168, 210):
+        assert not validate(early, step, nothing, max_steps=252).should_training_stop
+    assert not validate(early, 252, nothing, max_steps=252).should_training_stop and early.collapsed_at is None
+    assert "0.27 epochs of its corpus, before its model read its source" in caplog.text
+    assert not any(entry["nothing"] for entry in early.history)
+    late = SourceCheckCallback("stop", updates_per_epoch=925)
+    assert not validate(late, 900, nothing).should_training_stop  # still before its first epoch: not judged
+    for step in (1000, 1100):
+        assert not validate(late, step, nothing).should_training_stop
+    control = validate(late, 1200, nothing)
+    assert control.should_training_stop and late.collapsed_at == 1200
+    assert late.record()["judged_after_epochs"] == 1.0 and late.record()["updates_per_epoch"] == 925
+
+
+def evaluated(callback, step: int, bleu: float, max_steps: int = 1000) -> TrainerControl:
+    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)
+    return callback.on_evaluate(
+        args, TrainerState(global_step=step, max_steps=max_steps), TrainerControl(), {"eval_bleu": bleu}
+    )
+
+
+def test_a_plateau_of_validation_bleu_ends_a_run_early_and_says_so(capsys):
+    """Three validations in a row without a better BLEU stop training there (saved); a run that keeps improving, or
+    whose plateau reaches its last update, is not stopped; results.json's rules say so."""
+    plateau = PlateauCallback(3)
+    for step, bleu in ((100, 10.0), (200, 12.0), (300, 11.0), (400, 11.9)):
+        assert not evaluated(plateau, step, bleu).should_training_stop
+    control = evaluated(plateau, 500, 12.0)  # equal is no better
+    assert control.should_training_stop and control.should_save and plateau.stopped_at == 500
+    assert "Stopped at update 500: validation BLEU has not risen in 3 validations, its best 12.00 at update 200" in (
+        capsys.readouterr().out
+    )
+    assert plateau.record() == {"patience": 3, "stopped_at": 500, "best": {"step": 200, "bleu": 12.0}}
+    rising = PlateauCallback(3)
+    assert not any(evaluated(rising, 100 * i, float(i)).should_training_stop for i in range(1, 10))
+    at_the_end = PlateauCallback(1)
+    assert not evaluated(at_the_end, 900, 5.0).should_training_stop
+    assert not evaluated(at_the_end, 1000, 4.0).should_training_stop and at_the_end.stopped_at is None
+    plan = plan_of(rules=[{"rule": "preset_choices", "said": "size medium"}])
+    results = {"plan": {"ended_by": "validation plateau"}, "plateau": plateau.record()}
+    assert [rule["said"] for rule in fired_rules(plan, results)] == ["size medium", "stopped at 500"]
+
+
+def test_the_measuring_stops_when_the_budget_is_spent():
+    """The issue's run: a 2-minute budget measured base for 7.6 minutes beside another process. The budget's clock
+    is asked before every update the calibration times: once the budget is spent, the measuring ends with a
+    BudgetError naming it (no candidate is marked failed); with time left it measures as before."""
+    model, batch = tiny_model(), {"input_ids": torch.tensor([[5, 6, 2]]), "labels": torch.tensor([[7, 2]])}
+    spent = BudgetClock(time.monotonic() - 130, 120.0)
+    with pytest.raises(BudgetError, match=r"max_minutes=2 leaves no time to train on this machine: the budget was "):
+        measure_updates(model, [batch] * 4, [("fp32", "eager", False)], check=spent.check_measuring)
+    calls = []
+
+    def third_fails():
+        calls.append(1)
+        if len(calls) == 3:
+            spent.check_measuring()
+
+    with pytest.raises(BudgetError, match="spent while measuring the update"):
+        measure_updates(model, [batch] * 4, [("fp32", "eager", False)], check=third_fails)
+    left = BudgetClock(time.monotonic(), 600.0)
+    timings = measure_updates(model, [batch] * 4, [("fp32", "eager", False)], check=left.check_measuring)
+    assert timings["fp32/eager"].failure is None and timings["fp32/eager"].steady > 0
+    BudgetClock(time.monotonic(), None).check_measuring()  # no budget: nothing to keep
