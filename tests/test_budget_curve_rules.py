@@ -50,6 +50,9 @@ def test_a_larger_size_is_measured_only_where_the_anchors_time_allows_its_update
     assert [(width, size) for width, size, _ in measured if width == BASE] == [(BASE, 512), (BASE, 1024)]
     assert {key for width, _, key in measured if width == BASE} == {f"{plan.choice.precision}/sdpa"}
     assert plan.choice.preset == "base" and plan.record.rules[0]["said"] == "size base"
+    # What a switch may choose, in the recipe's order (the first that fits is taken), not in the order measured.
+    order = [candidate["preset"] for candidate in plan.record.candidates]
+    assert order[0] == "base" and order == sorted(order, key=["base", "small", "tiny"].index)
     with pytest.raises(ValueError, match=r"size_min_updates='base:many' holds 'base:many'; expected size:updates"):
         size_min_updates(ModelDataArguments(size_min_updates="base:many"))
     assert size_min_updates(ModelDataArguments(size_min_updates="base:12000, medium:6000")) == {

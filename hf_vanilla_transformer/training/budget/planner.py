@@ -216,10 +216,11 @@ def budgeted_plan(
         plan = plan.but(rules=[sized_rule, *plan.record.rules])
     # After the schedule, what the fit says of every choice measured and of the chosen run, and then in make_plan
     # the re-plans' rules: fitting.py is asked once for all three (tests/test_run_order.py counts the returns).
-    candidates = [
+    candidates = [  # in the recipe's order of preference (a switch takes the first that fits), not as measured
         candidate(inputs, name, size, timed, ratio)
-        for name, each in measured.items()
-        for size, timed in each.measurement.per_size.items()
+        for name in inputs.presets
+        if name in measured
+        for size, timed in measured[name].measurement.per_size.items()
     ]
     predicted = per_update(inputs, timing, chosen.max_tokens, steps)
     return plan.but(
