@@ -40,7 +40,7 @@ def main() -> None:
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
-    from hf_vanilla_transformer.deploy.marian import export_marian
+    from hf_vanilla_transformer.convert.marian_export import export_marian
     from hf_vanilla_transformer.evaluation.translation import evaluate_translations
 
     output = Path(flags.output)

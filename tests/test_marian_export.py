@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.convert import convert_model
-from hf_vanilla_transformer.deploy.marian import MarianExportError, check_exportable, export_marian
+from hf_vanilla_transformer.convert.marian_export import MarianExportError, check_exportable, export_marian
 from hf_vanilla_transformer.deploy.onnx_marian import DECODER_FILE, ENCODER_FILE, past_names, present_names
 from hf_vanilla_transformer.sharing.hub import check_model_card, push_model_folder
 
@@ -32,7 +32,7 @@ from conftest import FIXTURES, ROOT, run_script, run_without_package, tiny_confi
 TEST_40 = FIXTURES / "libreoffice_help_en_de_test_40.tsv"
 
 
-def test_sentences() -> list[str]:
+def held_out_sentences() -> list[str]:
     return [line.split("\t")[0] for line in TEST_40.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
@@ -55,7 +55,7 @@ def test_stock_transformers_loads_it_without_the_package_with_the_same_logits(tr
     code gives a MarianMTModel whose logits on a padded batch of real sentences (one 40 tokens long, one 3) equal
     ours within 1e-5; the folder holds no code and its config names none."""
     model, tokenizer = ours(trained_folder)
-    sentences = [" ".join(test_sentences()[:12]), "Open a file."]
+    sentences = [" ".join(held_out_sentences()[:12]), "Open a file."]
     batch = tokenizer(sentences, text_target=["Öffnen Sie eine Datei.", "Datei öffnen und speichern."], padding=True)
     inputs = {key: torch.tensor(value) for key, value in batch.items()}
     decoder_inputs = model.prepare_decoder_input_ids_from_labels(inputs.pop("labels").clamp(min=1))
@@ -133,7 +133,7 @@ def test_greedy_tokens_are_ours_in_transformers_and_in_onnx_runtime(trained_fold
     from transformers import AutoModelForSeq2SeqLM
 
     model, tokenizer = ours(trained_folder)
-    sentences = test_sentences()
+    sentences = held_out_sentences()
     expected = greedy(model, tokenizer, sentences)
     marian = AutoModelForSeq2SeqLM.from_pretrained(exported).eval()
     assert greedy(marian, AutoTokenizer.from_pretrained(exported), sentences) == expected
@@ -354,7 +354,7 @@ def test_transformers_js_in_chromium_translates_as_we_do(trained_folder, exporte
     if missing:
         pytest.skip(missing)
     model, tokenizer = ours(trained_folder)
-    sentences = test_sentences()
+    sentences = held_out_sentences()
     expected = []
     for sentence in sentences:  # one at a time, as the page translates them
         with torch.no_grad():

@@ -19,8 +19,8 @@ A bad folder or value, or a model a format cannot hold, ends the script with one
 import sys
 from pathlib import Path
 
+from ..convert.marian_export import export_marian
 from ..deploy.ctranslate2 import QUANTIZATIONS, export_ctranslate2
-from ..deploy.marian import export_marian
 from ..deploy.onnx import ONNX_QUANTIZATIONS, export_onnx
 from ..utils.command_line import CommandParser
 

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 def _exported(model_dir: str, folder: str, onnx: bool) -> str:
     """The model folder exported as a MarianMTModel folder under the temporary `folder`, named as the model."""
-    from ..deploy.marian import export_marian
+    from ..convert.marian_export import export_marian
 
     return str(export_marian(model_dir, Path(folder) / Path(model_dir).resolve().name, onnx=onnx))
 

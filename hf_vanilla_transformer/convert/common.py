@@ -112,7 +112,7 @@ def permute_residual(weights: dict[str, torch.Tensor], p: torch.Tensor) -> dict[
     """Our weights (by our names) with the model dimension permuted: feature j of the new residual stream is feature
     p[j] of the old. LayerNorm, attention and the FFN are equivariant to such a permutation, and the embeddings (and
     an untied output projection) follow it, so every logit stays the same; the position encodings must follow it too
-    (Marian's `[sin | cos]` halves are the paper's interleaved sinusoids permuted: `deploy/marian.py`). A bias of a
+    (Marian's `[sin | cos]` halves are the paper's interleaved sinusoids permuted: `marian_export.py`). A bias of a
     projection that reads the stream, and every matrix of another kind, stay as they are."""
     permuted = {}
     for name, tensor in weights.items():

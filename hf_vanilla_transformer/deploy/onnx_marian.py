@@ -1,5 +1,5 @@
-"""The stock MarianMTModel folder (`deploy/marian.py`) as ONNX graphs in the layout Optimum writes and transformers.js
-and Optimum's `ORTModelForSeq2SeqLM` read (`vanilla-transformer export MODEL_DIR OUT --format marian --onnx`):
+"""The stock MarianMTModel folder (`convert/marian_export.py`) as ONNX graphs in the layout Optimum writes and
+transformers.js and Optimum's `ORTModelForSeq2SeqLM` read (`vanilla-transformer export MODEL_DIR OUT --format marian --onnx`):
 
 - `onnx/encoder_model.onnx`: (`input_ids`, `attention_mask`) -> `last_hidden_state`;
 - `onnx/decoder_model_merged.onnx`: one decoder pass with a cache, the first one included: (`input_ids`,

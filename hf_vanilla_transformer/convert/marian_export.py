@@ -1,9 +1,9 @@
 """A trained model folder as a stock MarianMTModel folder (`vanilla-transformer export MODEL_DIR OUT --format
 marian`): `AutoModelForSeq2SeqLM.from_pretrained(OUT)` loads it with no remote code, and so do the tools that read
-what transformers ships (ONNX graphs in Optimum's layout, written with it: `onnx_marian.py`; transformers.js, which
+what transformers ships (ONNX graphs in Optimum's layout, written with it: `deploy/onnx_marian.py`; transformers.js, which
 runs them in a web page). CTranslate2's own converter reads a MarianMTModel as Marian NMT writes one (a last `<pad>`
 it drops, the decoder started from a zero vector), which a model started from `<s>`'s learned embedding is not: it
-refuses these folders, and the package's CTranslate2 export (`ctranslate2.py`) is the way there.
+refuses these folders, and the package's CTranslate2 export (`deploy/ctranslate2.py`) is the way there.
 
 transformers' MarianMTModel is this package's post-LN encoder-decoder with one shared embedding matrix scaled by
 sqrt(d_model), sinusoidal positions and a final-logits bias. What differs is a layout and a rule, and the mapping is
@@ -36,13 +36,14 @@ from pathlib import Path
 
 import torch
 
-from ..convert.common import PERMUTED_FROM, permute_residual, residual_permutation
 from ..data.tokenizer import TOKENIZER_FILES
+from ..deploy.ctranslate2 import ctranslate2_alpha
+from ..deploy.rules import recorded_decoding
+from ..model.configuration_vanilla_transformer import VanillaTransformerConfig
 from ..model.layers_vanilla_transformer import sinusoidal_positions
 from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from ..sharing.reading import RefusedFile, open_model_folder
-from .ctranslate2 import ctranslate2_alpha
-from .rules import recorded_decoding
+from .common import PERMUTED_FROM, permute_residual, residual_permutation
 
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # torch's default, which every LayerNorm of MarianMTModel uses
@@ -162,8 +163,8 @@ def build_marian(model_dir: str | Path, max_positions: int = DEFAULT_MAX_POSITIO
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").exists():
         raise FileNotFoundError(f"{model_dir} holds no config.json; expected a model folder saved by this package.")
+    check_exportable(VanillaTransformerConfig.from_pretrained(model_dir))  # refused before any weight is read
     ours = VanillaTransformerForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-    check_exportable(ours.config)
     marian = MarianMTModel(MarianConfig(**marian_config(ours.config, max_positions))).eval()
     marian.load_state_dict(marian_weights(ours, max_positions), strict=True)
     return marian, ours
@@ -179,7 +180,7 @@ def export_marian(
     """Write the model folder `model_dir` as a stock MarianMTModel folder `output_dir` (new, or empty): config,
     safetensors weights, the tokenizer as `tokenizer.json` with a stock class, a generation config (beam search, the
     transformers α `length_penalty`, default `marian_alpha`) and a card (README.md) saying what differs; with `onnx`,
-    its graphs in Optimum's layout too (`onnx_marian.py`). Written under a temporary name beside it and renamed into
+    its graphs in Optimum's layout too (`deploy/onnx_marian.py`). Written under a temporary name beside it and renamed into
     place when complete."""
     output = Path(output_dir)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
@@ -196,7 +197,7 @@ def export_marian(
         marian.save_pretrained(staging)
         _note_fp32(staging)
         if onnx:
-            from .onnx_marian import export_marian_onnx
+            from ..deploy.onnx_marian import export_marian_onnx
 
             export_marian_onnx(marian, staging)
         facts = _facts(Path(model_dir), ours, results, alpha, max_positions, onnx, length_penalty is None)
@@ -227,7 +228,7 @@ def marian_generation(ours, alpha: float, max_positions: int):
     transformers cannot say), and our special tokens."""
     from transformers import GenerationConfig
 
-    from ..convert.common import GENERATION_FIELDS
+    from .common import GENERATION_FIELDS
 
     given, config = ours.generation_config.to_diff_dict(), ours.config  # what the folder set, not the defaults
     kept = {name: given[name] for name in GENERATION_FIELDS if given.get(name) is not None}
