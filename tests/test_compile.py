@@ -208,7 +208,10 @@ def prefilled_cache(model, static: bool):
     return cache
 
 
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize(
+    "compiled",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # compiled: 27 s of compiling on 2 cores
+)
 @pytest.mark.parametrize("prompt", ["start", "three tokens", "a cache holding three"])
 def test_beam_search_counts_the_positions_a_static_cache_holds_at_every_reorder(compiled, prompt):
     """The reorder moves only the positions the decoding has written (`BeamSearchSteps` counts them on the host,

@@ -113,6 +113,7 @@ def test_int8_loads_and_translates(trained, tmp_path):
     assert outputs[1] == "" and outputs[0] and outputs[2]
 
 
+@pytest.mark.slow  # worker processes
 def test_workers_translate_batches_in_parallel_with_the_same_translations(trained):
     """One worker per thread (the default on a CPU) gives the translations of one worker with every thread, in
     input order, over several batches; a bad number of workers, or workers for an engine without them, is named."""
@@ -329,6 +330,7 @@ def test_onnx_step_log_probabilities_are_ours(trained, onnx_folder):
     assert past[0].shape[2] == targets.shape[1]  # every step's keys were appended
 
 
+@pytest.mark.slow  # the script, in a process of its own
 def test_onnx_the_translate_script_runs_the_export_keeping_order_and_empty_lines(onnx_folder):
     result = run_script("translate.py", onnx_folder, "--engine", "onnx", input="w4 w5 w6\n\n  \nw1 w2 w3 w4\n")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -493,6 +495,7 @@ def test_translate_and_score_with_an_engine_refuse_an_over_long_line_and_a_binar
         assert refused.value.code == f"{name}: {not_text}"
 
 
+@pytest.mark.slow  # the script, in a process of its own
 def test_the_translate_script_with_onnx_ends_an_over_long_line_in_one_line(onnx_folder):
     """The script end to end (the commands' code is the same for both engines): one line, no traceback."""
     result = run_script("translate.py", onnx_folder, "--engine", "onnx", "--max_tokens", "8", input=f"w4\n{LONG}\n")

@@ -68,6 +68,7 @@ def test_the_better_model_is_the_higher_bleu_and_at_equal_bleu_the_higher_chrf()
     assert not better_or_equal({"bleu": 0.0, "chrf": 3.0}, {"bleu": 0.0, "chrf": 11.0})  # a weak model's BLEU is 0
 
 
+@pytest.mark.slow  # a fine-tuning run of the script
 def test_a_learning_rate_that_destroys_the_model_keeps_the_one_it_started_from(tmp_path, trained_folder):
     """Fine-tuned at a peak of 3 (the tiny model's own trained at about 0.02): worse on validation than where it
     started, so the folder holds the starting weights, and the log, results.json and the card say so."""

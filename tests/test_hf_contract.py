@@ -254,6 +254,7 @@ def assert_one_line_error(result, *needles: str) -> None:
         assert needle in message, message
 
 
+@pytest.mark.slow  # the script, in a process of its own
 def test_score_script_names_the_file_and_line_of_a_bad_tsv(model_folder, tmp_path):
     data = tmp_path / "pairs.tsv"
     data.write_text("Tools\tExtras\nno tab on this line\nOpen\tÖffnen\n", encoding="utf-8")

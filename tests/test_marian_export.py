@@ -241,6 +241,7 @@ def test_a_greedy_folder_exports_a_generation_config_transformers_saves(trained_
     assert written["no_repeat_ngram_size"] == 3 and written["decoder_start_token_id"] == 0
 
 
+@pytest.mark.slow  # the script, twice, in processes of their own
 def test_the_command_refuses_in_one_line_and_writes_nothing(tmp_path):
     torch.manual_seed(0)
     folder = tmp_path / "pre-ln"
@@ -255,9 +256,9 @@ def test_the_command_refuses_in_one_line_and_writes_nothing(tmp_path):
     assert result.returncode != 0 and "--onnx and --length_penalty apply to --format marian only" in result.stderr
 
 
-def test_the_card_says_it_needs_no_code_and_push_publishes_none(trained_folder, exported, tmp_path):
+def test_the_card_says_it_needs_no_code_and_push_publishes_none(exported):
     """The card passes the Hub's checks (languages, license, BLEU) and says what differs; a dry-run push of the
-    exported folder, and `push --format marian --onnx` of the trained one, list its files and not one of code."""
+    exported folder lists its files and not one of code."""
     card = (exported / "README.md").read_text()
     check_model_card(card)
     assert "It needs no remote code" in card and "no trust_remote_code" in card and str(Path.home()) not in card
@@ -266,6 +267,11 @@ def test_the_card_says_it_needs_no_code_and_push_publishes_none(trained_folder, 
     names = [name for name, _ in plan]
     assert url is None and names == sorted(names) and not any(name.endswith(".py") for name in names)
     assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", ENCODER_FILE, DECODER_FILE} <= set(names)
+
+
+@pytest.mark.slow  # the script, exporting the graphs in a process of its own
+def test_push_format_marian_exports_and_lists_no_code(trained_folder):
+    """`push --format marian --onnx` of a trained folder exports it and lists the exported files, not one of code."""
     folder, _ = trained_folder
     result = run_script("push_to_hub.py", folder, "someone/marian-tiny", "--format", "marian", "--onnx", "--dry-run")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -335,7 +341,7 @@ def translate_in_browser(model_folder: Path, sentences: list[str], root: Path) -
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/index.html?model=en-de&sentences=sentences.json"
         result = subprocess.run(
-            ["node", str(BROWSER_EXAMPLE / "check.mjs"), url, str(root / "screenshot.png"), "600"],
+            ["node", str(BROWSER_EXAMPLE / "check.mjs"), url, str((root / "screenshot.png").resolve()), "600"],
             capture_output=True, text=True, timeout=900, cwd=BROWSER_EXAMPLE,
         )  # fmt: skip
     finally:

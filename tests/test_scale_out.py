@@ -154,6 +154,7 @@ def test_a_killed_run_resumes_to_the_same_weights(straight, tmp_path, where, ste
             assert torch.equal(value, optimizer_b[key][name]), (key, name)
 
 
+@pytest.mark.slow  # a run of the script to corrupt
 def test_a_corrupted_checkpoint_names_the_file(straight, tmp_path):
     copy = tmp_path / "checkpoint-10"
     shutil.copytree(straight / "checkpoint-10", copy)
@@ -230,6 +231,7 @@ def launcher(config: str, *flags: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # two processes, and the run they are compared with
 def test_two_processes_equal_one_with_the_same_global_batch(one_process, tmp_path):
     double = run_child(
         multi_process_spec(tmp_path / "two"), launcher=launcher("single_node_multi_gpu.yaml"), script_dir=tmp_path

@@ -208,6 +208,7 @@ def test_the_published_command_line_holds_no_token_and_no_local_path(command, ex
     assert public_command(command, "/home/alice/runs/de") == expected
 
 
+@pytest.mark.slow  # a training run of the script
 def test_a_run_on_own_data_publishes_no_token_no_path_and_no_sentence(tmp_path):
     """`train --hub_token ... --data_files /private/...`: results.json, the card and the log hold neither the token
     nor the folders; the test sentences of the user's files stay out of the folder (examples, attention maps). No

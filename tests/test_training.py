@@ -420,6 +420,7 @@ def test_the_progress_rate_leaves_validation_and_checkpoint_time_out(monkeypatch
     assert len(lines) == 2 and all("| 500 source tok/s |" in line for line in lines), lines
 
 
+@pytest.mark.slow  # two scripts, each in a process of its own
 def test_the_score_and_translate_scripts_read_a_trained_folder(trained_folder, tmp_path):
     output, _ = trained_folder
     scored = run_script("score.py", output, "--data_files", OTHER_40, "--num_beams", "1")
