@@ -173,9 +173,11 @@ def run_curve(options: CurveOptions, progress: bool = True) -> dict:
     if curve is None:
         curve = {"options": options.same_curve(), "label": options.label, "points": {}}
     curve["label"] = options.label or curve.get("label")
+    count = len(options.minutes) * len(options.seeds)
     print(
-        f"A curve of {len(options.minutes) * len(options.seeds)} points ({', '.join(f'{m:g}' for m in options.minutes)}"
-        f" minutes, seeds {', '.join(map(str, options.seeds))}) into {folder}: time nothing else on this machine "
+        f"A curve of {count} point{'s' if count != 1 else ''} ({', '.join(f'{m:g}' for m in options.minutes)} minutes,"
+        f" seed{'s' if len(options.seeds) != 1 else ''} {', '.join(map(str, options.seeds))}) into {folder}: time "
+        "nothing else on this machine "
         "meanwhile (another process slows every point, and its budget then buys fewer updates).",
         flush=True,
     )
