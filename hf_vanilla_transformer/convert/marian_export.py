@@ -95,34 +95,26 @@ def check_exportable(config) -> None:
             raise MarianExportError(f"this model cannot be a MarianMTModel folder: {why}.")
 
 
+# The fields MarianConfig names as ours does, copied as they are.
+SHARED_CONFIG_FIELDS = (
+    "vocab_size", "tie_word_embeddings", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+    "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function", "dropout",
+    "attention_dropout", "activation_dropout", "scale_embedding", "pad_token_id", "eos_token_id", "bos_token_id",
+    "decoder_start_token_id",
+)  # fmt: skip
+
+
 def marian_config(config, max_positions: int) -> dict:
     """The MarianConfig of `config` (checked by `check_exportable`) with a position table of `max_positions` rows."""
     permuted = {PERMUTED_FROM: config.sinusoid_layout} if config.sinusoid_layout != "concat" else {}
     return dict(
         **permuted,
+        **{name: getattr(config, name) for name in SHARED_CONFIG_FIELDS},
         model_type="marian",
         architectures=["MarianMTModel"],
-        vocab_size=config.vocab_size,
         decoder_vocab_size=config.vocab_size,
         share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=config.tie_word_embeddings,
-        d_model=config.d_model,
-        encoder_layers=config.encoder_layers,
-        decoder_layers=config.decoder_layers,
-        encoder_attention_heads=config.encoder_attention_heads,
-        decoder_attention_heads=config.decoder_attention_heads,
-        encoder_ffn_dim=config.encoder_ffn_dim,
-        decoder_ffn_dim=config.decoder_ffn_dim,
-        activation_function=config.activation_function,
-        dropout=config.dropout,
-        attention_dropout=config.attention_dropout,
-        activation_dropout=config.activation_dropout,
-        scale_embedding=config.scale_embedding,
         max_position_embeddings=max_positions,
-        pad_token_id=config.pad_token_id,
-        eos_token_id=config.eos_token_id,
-        bos_token_id=config.bos_token_id,
-        decoder_start_token_id=config.decoder_start_token_id,
         forced_eos_token_id=None,
         is_encoder_decoder=True,
     )
@@ -163,8 +155,10 @@ def build_marian(model_dir: str | Path, max_positions: int = DEFAULT_MAX_POSITIO
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").exists():
         raise FileNotFoundError(f"{model_dir} holds no config.json; expected a model folder saved by this package.")
-    check_exportable(VanillaTransformerConfig.from_pretrained(model_dir))  # refused before any weight is read
-    ours = VanillaTransformerForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    config = VanillaTransformerConfig.from_pretrained(model_dir)
+    check_exportable(config)  # refused before any weight is read
+    ours = VanillaTransformerForConditionalGeneration.from_pretrained(model_dir, config=config, dtype=torch.float32)
+    ours.eval()
     marian = MarianMTModel(MarianConfig(**marian_config(ours.config, max_positions))).eval()
     marian.load_state_dict(marian_weights(ours, max_positions), strict=True)
     return marian, ours
