@@ -22,8 +22,11 @@ stays with the plan said where it is made and written, the fit's figures of the 
 21 returns before these three, 42 and 17 after; with the budget checked at the run's start (before the corpus is
 read) and the measuring step timing its chosen update at more batch sizes and saying its choice itself (the
 calibration only times what it is given), 41 and 16, the walk 155, 58, 32 (docs/layout.md). The issue's goal of 30
-entries and 10 returns is retired (2026-12-02); the ceilings stay where they were then, with a few entries' room for
-what a loaded machine's timing adds (a deadline, a re-plan after a validation). A run that starts again with another choice (its switch, the settings
+entries and 10 returns is retired (2026-12-02); the ceilings stay where they were then, with room for what a slower
+or loaded machine's timing adds to the same code's walk: a re-plan at the first check of the speed (its refit and
+the callback acting on it), a plateau said, a deadline. On the 2-core AMD EPYC Zen 3 (AVX2 only) of 2026-12-02 the
+tiny run re-plans at its first check and its validation plateaus: 163 functions, 64 entries, 38 returns (issue 49's
+count 45 and 20), where the idle AMX Xeon walked 58 and 32; CI's machine walked 63. A run that starts again with another choice (its switch, the settings
 switched to, the plan of a known choice) adds at most `MOST_ADDED_BY_A_RESTART` functions it had not called before
 the switch."""
 
@@ -47,10 +50,10 @@ from conftest import FIXTURES, ROOT
 
 TRAINING = str(ROOT / "hf_vanilla_transformer" / "training") + "/"
 INNER = re.compile(r"<(listcomp|dictcomp|setcomp|genexpr|lambda)>|<locals>")
-MOST_ENTRIES = 62
-MOST_RETURNS = 36
-MOST_CALLED_ENTRIES = 44
-MOST_CALLED_RETURNS = 19
+MOST_ENTRIES = 66
+MOST_RETURNS = 40
+MOST_CALLED_ENTRIES = 47
+MOST_CALLED_RETURNS = 22
 MOST_ADDED_BY_A_RESTART = 9
 
 
