@@ -601,6 +601,10 @@ def test_the_test_decoding_is_predicted_from_a_validations_decoding_speed():
     assert ratio == pytest.approx(1.1 / 3)
     assert REFIT_RULES.predicted_decode_seconds(12.0, 0.3, 2.0, 7.0, ratio) == pytest.approx(157.68 * 1.1 / 3)
     assert decoding_steps_ratio({"eval_prediction_seconds": 7.0}) is None  # not counted: not scaled
+    # Translations that stop before half their references' steps: nothing to predict from (0), at half and above
+    # the ratio.
+    assert decoding_steps_ratio({"eval_decoding_steps": 10, "eval_reference_steps": 293}) == 0.0
+    assert decoding_steps_ratio({"eval_decoding_steps": 150, "eval_reference_steps": 300}) == pytest.approx(2.2)
 
 
 def test_a_batchs_decoding_steps_are_its_longest_rows_padding_left_out():
@@ -671,6 +675,18 @@ def test_the_budget_callback_replans_after_its_first_updates_and_after_each_vali
     steps = {"eval_decoding_steps": 3000, "eval_reference_steps": 1000}
     assert callback.after_validation(state, 60.0, steps).plan.costs.predicted_decode_seconds == pytest.approx(
         slow * 1.1 / 3
+    )
+    # A model that has not begun to translate (each translation ends at once: 10 steps where the references take
+    # 293, the Zen 3's 6-minute run at update 44) keeps the prediction it had, where scaled up 32 times it stopped
+    # that run at 45 of its 258 updates.
+    kept = callback.plan.costs.predicted_decode_seconds
+    early = {"eval_decoding_steps": 10, "eval_reference_steps": 293}
+    assert callback.after_validation(state, 60.0, early).plan.costs.predicted_decode_seconds == kept
+    assert (
+        callback.after_validation(
+            state, 60.0, {**early, "eval_decoding_steps": 147}
+        ).plan.costs.predicted_decode_seconds
+        != kept
     )
     # The validation that ends a run re-plans nothing (the length is what was trained).
     state.global_step, ended = state.max_steps, callback.plan.schedule.max_steps

@@ -351,6 +351,7 @@ def test_onnx_int8_exports_through_the_script_and_translates(trained, onnx_folde
     assert outputs[1] == "" and outputs[0] and outputs[2]
 
 
+@pytest.mark.slow  # a script in a process of its own: about 11 s on a Zen 3
 def test_onnx_bad_values_and_folders_are_refused_with_their_names(trained, onnx_folder, tmp_path):
     folder, exported, _, _ = trained
     with pytest.raises(ValueError, match="quantization='int16' is invalid"):

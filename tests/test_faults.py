@@ -509,6 +509,7 @@ def test_a_file_that_breaks_its_format_is_refused_naming_the_file_and_the_line(t
     record("bad data", input=name, message=f"refused: {str(refused.value).replace(str(tmp_path) + '/', '')}")
 
 
+@pytest.mark.slow  # a script in a process of its own: about 11 s on a Zen 3
 def test_a_data_file_that_breaks_its_format_stops_train_py_in_one_line_before_training(tmp_path):
     bad = write(tmp_path / "latin1.tsv", GOOD + "Größe\tsize\n".encode("latin-1"))
     arguments = [sys.executable, str(ROOT / "scripts" / "train.py"), "--preset", "tiny", "--data_files", str(bad)]
@@ -533,6 +534,7 @@ def test_the_skipped_lines_reach_the_log_and_results_json(tmp_path):
     assert results["data"]["skipped_lines"]["train"]["lines"] == {SKIPPED["empty"]: 2, SKIPPED["nul"]: 1}
 
 
+@pytest.mark.slow  # a script in a process of its own: about 11 s on a Zen 3
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

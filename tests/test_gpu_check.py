@@ -428,6 +428,7 @@ def test_the_check_counts_its_nine_minutes_from_its_set_up_and_leaves_its_files_
     assert report["main_job_minutes"] == asked["minutes"]
 
 
+@pytest.mark.slow  # a process of its own: 8-11 s on a Zen 3
 def test_a_failed_gpu_tests_traceback_is_kept_even_when_the_step_is_stopped_at_its_limit(tmp_path):
     """The first real GPU run stopped the gpu tests at their limit with three failures and no traceback (pytest
     prints them in its summary): tests/conftest.py adds each failure's traceback to a file as it happens, and the

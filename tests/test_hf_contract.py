@@ -235,6 +235,7 @@ def test_the_pipeline_returns_blank_sentences_empty_without_running_the_model(mo
     assert several[0] == [{"translation_text": ""}] * 2 and len(several[1]) == 2
 
 
+@pytest.mark.slow  # a script in a process of its own: about 11 s on a Zen 3
 def test_translate_script_writes_blank_lines_for_blank_input(model_folder):
     lines = ["Tools", "", "   ", "Open a document."]
     result = run_script("translate.py", model_folder, "--num_beams", "1", input="\n".join(lines) + "\n", timeout=300)
@@ -262,6 +263,7 @@ def test_score_script_names_the_file_and_line_of_a_bad_tsv(model_folder, tmp_pat
     assert_one_line_error(result, "pairs.tsv:2", "1 tab-separated fields", "exactly 2", "no tab on this line")
 
 
+@pytest.mark.slow  # a script in a process of its own: about 11 s on a Zen 3
 def test_score_script_names_a_missing_model_folder(tmp_path):
     data = tmp_path / "pairs.tsv"
     data.write_text("Tools\tExtras\n", encoding="utf-8")

@@ -279,6 +279,7 @@ def test_push_format_marian_exports_and_lists_no_code(trained_folder):
     assert DECODER_FILE in result.stdout
 
 
+@pytest.mark.slow  # a process of its own: 8-11 s on a Zen 3
 def test_ctranslate2s_own_converter_needs_marian_nmts_start_token(exported, tmp_path):
     """CTranslate2's converter (`ct2-transformers-converter`) reads a MarianMTModel as Marian NMT writes one: the last
     vocabulary entry a `<pad>` it drops, the decoder started from a zero vector (`MarianMTLoader`). This package's

@@ -52,6 +52,7 @@ def test_scripts_rerun_once_with_mimalloc_preloaded():
     assert f"cache {expected_cache()}" in lines  # set in the re-executed process's environment
 
 
+@pytest.mark.slow  # a process of its own: 8-11 s on a Zen 3
 @needs_mimalloc
 def test_the_system_allocator_can_be_kept():
     environment = {**os.environ, "HF_VANILLA_TRANSFORMER_ALLOCATOR": "system"}

@@ -499,6 +499,7 @@ def test_a_model_fine_tuned_from_a_folder_from_elsewhere_keeps_nothing_of_its_co
     assert config["auto_map"] == OWN_AUTO_MAP and "custom_pipelines" not in config
 
 
+@pytest.mark.slow  # a script in a process of its own: about 11 s on a Zen 3
 def test_the_translate_command_refuses_a_folders_own_code_in_one_line(tmp_path):
     marker = tmp_path / "ran"
     folder = folder_with_code(tmp_path / "model", marker)

@@ -79,6 +79,7 @@ def test_a_gpu_that_pytorch_cannot_use_is_named_with_the_build_that_cannot(tmp_p
     assert setup_env.gpu_refusal(venv / "bin" / "python", Machine(H200, "13.0")) is None
 
 
+@pytest.mark.slow  # a process of its own: 8-11 s on a Zen 3
 def test_the_set_up_says_what_it_would_do_on_this_machine(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "setup_env.py"), "--dry-run", "--venv", str(tmp_path / "venv")],

@@ -156,6 +156,7 @@ def test_no_token_is_a_clear_error_before_any_network(trained_folder, monkeypatc
         push_model_folder(folder, "me/x", token=None)
 
 
+@pytest.mark.slow  # a script in a process of its own: about 11 s on a Zen 3
 def test_unreachable_hub_is_a_clear_error_and_nothing_is_committed(trained_folder):
     folder, _ = trained_folder
     # A real upload attempt against an endpoint where nothing listens (port 9, discard): the error is ours, clear.
