@@ -466,7 +466,10 @@ def test_a_one_minute_budget_stops_on_its_own_and_leaves_a_complete_folder(tmp_p
     results = json.loads((output / "results.json").read_text())
     plan = results["plan"]
     assert plan["max_minutes"] == 1 and plan["precision"] in ("fp32", "bf16") and plan["seconds_per_update"] > 0
-    assert results["training"]["steps"] == plan["max_steps"] or plan["stopped_early_at"] is not None
+    # It trains its planned length, or stops at the deadline, or where validation BLEU stopped rising (a plateau:
+    # on the 2-core Zen 3 the tiny model's best came at update 50 and the run stopped at 146 of 187).
+    steps, plateau = results["training"]["steps"], (results.get("plateau") or {}).get("stopped_at")
+    assert steps == plan["max_steps"] or plan["stopped_early_at"] is not None or plateau == steps, (steps, plan)
     # The warmup of the first plan's length, kept by every re-plan (the first check always re-fits the length).
     first = plan["replans"][0]["was"] if plan["replans"] else plan["max_steps"]
     assert plan["warmup_steps"] == max(1, min(1000, round(0.35 * first)))
@@ -508,7 +511,10 @@ def test_a_killed_budgeted_run_resumes_with_the_number_of_updates_it_fixed(tmp_p
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "keeping the plan of the run being resumed" in resumed.stderr
     results = json.loads((output / "results.json").read_text())
-    assert results["training"]["steps"] == planned["max_steps"] == results["plan"]["max_steps"]
+    assert planned["max_steps"] == results["plan"]["max_steps"]
+    # It trains that length, or stops where validation BLEU stopped rising (a plateau: the tiny model on a Zen 3).
+    steps, plateau = results["training"]["steps"], (results.get("plateau") or {}).get("stopped_at")
+    assert steps == planned["max_steps"] or plateau == steps, (steps, planned["max_steps"], results.get("plateau"))
     assert results["plan"]["max_minutes"] == 1  # the budget of the run that fixed it
 
 

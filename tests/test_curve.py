@@ -62,7 +62,7 @@ def test_the_avx2_probe_sees_every_library_capped():
         pytest.skip("the caps are those of x86 CPUs with AVX2 and of PyTorch's MKL build")
     check = kernels_check("avx2")
     assert check["ok"], check
-    assert check["torch"] == "AVX2" and "AVX2" in check["onednn"] and "AVX2" in check["mkl"]
+    assert check["torch"] == "AVX2" and "AVX2" in check["onednn"] and curve_module.mkl_capped(check["mkl"])
     assert "512" not in check["onednn"] + check["mkl"]
     native = kernels_check("native")
     assert native["ok"] and native["torch"] is not None and "capped" not in native["machine"]
@@ -80,6 +80,18 @@ def test_a_cap_that_did_not_take_stops_the_curve(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="the kernels were not capped as asked"):
         curve_module.run_curve(CurveOptions(str(tmp_path), minutes=(1.0,), kernels="avx2"), progress=False)
     assert not any(tmp_path.glob("1min-seed*"))
+
+
+def test_mkls_verbose_line_shows_the_cap_on_intel_and_names_nothing_beyond_it_elsewhere():
+    """What MKL_VERBOSE says it runs for, as MKL 2025 prints it: capped on a Xeon with AMX, uncapped there, and on an
+    AMD EPYC (which MKL names by no extension, capped or not)."""
+    assert curve_module.mkl_capped("Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled processors, Lnx")
+    assert curve_module.mkl_capped("Intel(R) Architecture processors, Lnx 2.45GHz lp64 gnu_thread")
+    uncapped = "Intel(R) Advanced Vector Extensions 512 (Intel(R) AVX-512) with support for INT8, BF16, FP16 (limited)"
+    assert not curve_module.mkl_capped(
+        uncapped + " instructions, and Intel(R) Advanced Matrix Extensions (Intel(R) AMX)"
+    )
+    assert not curve_module.mkl_capped("Intel(R) Advanced Vector Extensions (Intel(R) AVX) enabled processors")
 
 
 def test_curve_options_refuse_what_they_cannot_run(tmp_path):
