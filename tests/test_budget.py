@@ -452,6 +452,11 @@ def budgeted_command(output: Path, minutes: float, *extra: str) -> list[str]:
     ]
 
 
+def plateau_stop(results: dict) -> int | None:
+    """The update at which validation BLEU's plateau stopped a run (`results.json`), or None."""
+    return (results.get("plateau") or {}).get("stopped_at")
+
+
 def environment() -> dict:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_VANILLA_TRANSFORMER_ALLOCATOR": "system"}
 
@@ -468,7 +473,7 @@ def test_a_one_minute_budget_stops_on_its_own_and_leaves_a_complete_folder(tmp_p
     assert plan["max_minutes"] == 1 and plan["precision"] in ("fp32", "bf16") and plan["seconds_per_update"] > 0
     # It trains its planned length, or stops at the deadline, or where validation BLEU stopped rising (a plateau:
     # on the 2-core Zen 3 the tiny model's best came at update 50 and the run stopped at 146 of 187).
-    steps, plateau = results["training"]["steps"], (results.get("plateau") or {}).get("stopped_at")
+    steps, plateau = results["training"]["steps"], plateau_stop(results)
     assert steps == plan["max_steps"] or plan["stopped_early_at"] is not None or plateau == steps, (steps, plan)
     # The warmup of the first plan's length, kept by every re-plan (the first check always re-fits the length).
     first = plan["replans"][0]["was"] if plan["replans"] else plan["max_steps"]
@@ -513,7 +518,7 @@ def test_a_killed_budgeted_run_resumes_with_the_number_of_updates_it_fixed(tmp_p
     results = json.loads((output / "results.json").read_text())
     assert planned["max_steps"] == results["plan"]["max_steps"]
     # It trains that length, or stops where validation BLEU stopped rising (a plateau: the tiny model on a Zen 3).
-    steps, plateau = results["training"]["steps"], (results.get("plateau") or {}).get("stopped_at")
+    steps, plateau = results["training"]["steps"], plateau_stop(results)
     assert steps == planned["max_steps"] or plateau == steps, (steps, planned["max_steps"], results.get("plateau"))
     assert results["plan"]["max_minutes"] == 1  # the budget of the run that fixed it
 
@@ -688,12 +693,8 @@ def test_the_budget_callback_replans_after_its_first_updates_and_after_each_vali
     kept = callback.plan.costs.predicted_decode_seconds
     early = {"eval_decoding_steps": 10, "eval_reference_steps": 293}
     assert callback.after_validation(state, 60.0, early).plan.costs.predicted_decode_seconds == kept
-    assert (
-        callback.after_validation(
-            state, 60.0, {**early, "eval_decoding_steps": 147}
-        ).plan.costs.predicted_decode_seconds
-        != kept
-    )
+    half = {**early, "eval_decoding_steps": 147}
+    assert callback.after_validation(state, 60.0, half).plan.costs.predicted_decode_seconds != kept
     # The validation that ends a run re-plans nothing (the length is what was trained).
     state.global_step, ended = state.max_steps, callback.plan.schedule.max_steps
     control.should_training_stop = True

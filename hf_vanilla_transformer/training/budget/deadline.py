@@ -259,11 +259,12 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         the length re-fitted to it; the prediction kept where the model has not begun to translate (its
         translations stop short of their references: `decoding_steps_ratio` 0)."""
         check, prediction = metrics.get("eval_source_check_seconds"), metrics.get("eval_prediction_seconds")
-        steps = decoding_steps_ratio(metrics)
+        steps, decode = decoding_steps_ratio(metrics), self.plan.costs.predicted_decode_seconds
+        if steps != 0.0:
+            decode = self.rules.predicted_decode_seconds(
+                seconds, self.meter.seconds_per_update, check, prediction, steps
+            )
         after = f"the validation at update {state.global_step:,}"
-        if steps == 0.0:
-            return self.replan(state, after) or Replan(self.plan)
-        decode = self.rules.predicted_decode_seconds(seconds, self.meter.seconds_per_update, check, prediction, steps)
         return self.replan(state, after, decode) or Replan(self.plan.but(predicted_decode_seconds=decode))
 
     def better_choice(self, state) -> Switch | None:
