@@ -169,17 +169,38 @@ def test_a_budgeted_run_enters_few_files_and_returns_to_few(tmp_path):
     }, path
 
 
+class Restarted(Exception):
+    """Raised where the run that starts again begins to train: the walk has what the test counts."""
+
+
 @pytest.mark.slow
 def test_a_run_that_starts_again_adds_few_functions(tmp_path, monkeypatch):
     def switch_to_the_first(candidates, current, rules, ratio, *args):  # as if the Trainer were 3x faster
         first = candidates[0]
         return Switch(first["preset"], first["max_tokens"], first["accumulation"], first["seconds_per_update"] / 3, 40)
 
+    begun = []
+    begin = deadline.TimeBudgetCallback.on_train_begin
+
+    def begin_once(callback, *args, **kwargs):  # the Trainer calls it: the walk does not count the call
+        begun.append(callback.plan)
+        if len(begun) == 2:  # the run switched to: its first steps are not the restart's (about 2 minutes of CI)
+            raise Restarted
+        return begin(callback, *args, **kwargs)
+
     monkeypatch.setattr(deadline, "better_candidate", switch_to_the_first)
+    monkeypatch.setattr(deadline.TimeBudgetCallback, "on_train_begin", begin_once)
     choices = ("--preset_choices", "compact,tiny", "--preset", "compact", "--min_updates", "1000000000")
     fixed = ("--precision", "fp32", "--attn_implementation", "sdpa", "--vocab_size", "500", "--max_epochs", "1000")
-    walk, results = traced(tiny_run(tmp_path / "run", *choices, *fixed, "--max_minutes", "3"))
-    assert results["plan"]["switched_from"]["preset"] == "tiny" and walk.switched_at is not None
+    walk = Walk()
+    with pytest.raises(Restarted):
+        sys.setprofile(walk)
+        try:
+            train_and_evaluate(tiny_run(tmp_path / "run", *choices, *fixed, "--max_minutes", "3"), started=time.time())
+        finally:
+            sys.setprofile(None)
+    assert begun[0].choice.preset == "tiny" and begun[1].choice.preset == "compact"
+    assert begun[1].history.switched_from["preset"] == "tiny" and walk.switched_at is not None
     before = set(walk.calls[: walk.switched_at + 1])
     callbacks = [
         i for i, call in enumerate(walk.calls) if call == ("budget/deadline.py", "TimeBudgetCallback.__init__")
