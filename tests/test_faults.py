@@ -131,26 +131,30 @@ def resumed_from(stderr: str) -> str:
     return said.rsplit("/", 1)[-1] or "start"
 
 
+def newest(complete: list[Path]) -> str:
+    """The checkpoint a run must resume from, of the complete ones: the newest ("start" where there is none)."""
+    return complete[-1].name if complete else "start"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("chain", list(CHAINS))
 def test_a_run_killed_at_any_moment_resumes_to_the_uninterrupted_runs_weights(reference, tmp_path, chain):
     folder, reference_cache = reference
     cache = tmp_path / "cache" if chain == "set-up" else reference_cache
     arguments = command(tmp_path / "run", cache)
-    complete: list = []  # the complete checkpoints before each run
+    complete: list[Path] = []  # the complete checkpoints before each run
     for moment, count, occurrence, left in CHAINS[chain]:
         killed = run(arguments, HF_VANILLA_TRANSFORMER_KILL_AT=f"{moment}:{count}")
         assert killed.returncode == -signal.SIGKILL, (moment, occurrence, killed.returncode, killed.stderr[-2000:])
         assert not (tmp_path / "run" / "results.json").exists()
         # It had resumed from the newest complete checkpoint the kill before left, no older.
-        assert resumed_from(killed.stderr) == (complete[-1].name if complete else "start"), (moment, occurrence)
+        assert resumed_from(killed.stderr) == newest(complete), (moment, occurrence)
         complete = checkpoint_folders(tmp_path / "run")
         assert [int(path.name.split("-")[1]) for path in complete] == left, (moment, occurrence, complete)
-        resumed = complete[-1].name if complete else "start"
-        record("kill", moment=moment, count=occurrence, where=MOMENTS[moment], resumed=resumed)
+        record("kill", moment=moment, count=occurrence, where=MOMENTS[moment], resumed=newest(complete))
     again = run(arguments)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert resumed_from(again.stderr) == (complete[-1].name if complete else "start")
+    assert resumed_from(again.stderr) == newest(complete)
     assert_complete_and_equal(tmp_path / "run", folder)
 
 

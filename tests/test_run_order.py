@@ -105,8 +105,10 @@ def marked(order: list[tuple[str, str]]) -> tuple[list[str], int, int]:
     return lines, entries, returns
 
 
-def traced(settings: RunSettings) -> tuple[Walk, dict]:
-    walk = Walk()
+def traced(settings: RunSettings, walk: Walk | None = None) -> tuple[Walk, dict]:
+    """The run of `settings`, walked into `walk` (a new one where None: one given keeps what a run that raises
+    walked)."""
+    walk = walk or Walk()
     sys.setprofile(walk)
     try:
         results = train_and_evaluate(settings, started=time.time())
@@ -194,11 +196,7 @@ def test_a_run_that_starts_again_adds_few_functions(tmp_path, monkeypatch):
     fixed = ("--precision", "fp32", "--attn_implementation", "sdpa", "--vocab_size", "500", "--max_epochs", "1000")
     walk = Walk()
     with pytest.raises(Restarted):
-        sys.setprofile(walk)
-        try:
-            train_and_evaluate(tiny_run(tmp_path / "run", *choices, *fixed, "--max_minutes", "3"), started=time.time())
-        finally:
-            sys.setprofile(None)
+        traced(tiny_run(tmp_path / "run", *choices, *fixed, "--max_minutes", "3"), walk)
     assert begun[0].choice.preset == "tiny" and begun[1].choice.preset == "compact"
     assert begun[1].history.switched_from["preset"] == "tiny" and walk.switched_at is not None
     before = set(walk.calls[: walk.switched_at + 1])
