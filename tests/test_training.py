@@ -253,6 +253,30 @@ def test_a_saved_model_fine_tunes_on_other_pairs(tmp_path):
     assert losses[-1] < losses[0] - 0.5, losses
 
 
+def test_results_say_where_the_time_went_and_the_parts_make_the_whole(trained_folder):
+    output, result = trained_folder
+    results = json.loads((output / "results.json").read_text())
+    spent = results["time"]
+    parts = ("set_up", "training", "averaging", "alpha", "test", "folder")
+    # Each step after training timed on its own; together with the set-up and training they are the whole run
+    # (only what lies between them, a few milliseconds, is in none).
+    whole = sum(spent[f"{part}_seconds"] for part in parts)
+    assert 0 <= results["wall_seconds"] - whole < 1.0, (whole, results["wall_seconds"], spent)
+    assert all(spent[f"{part}_seconds"] > 0 for part in parts), spent
+    # The validations are the Trainer's own (eval_runtime, two in 30 updates), inside training's seconds.
+    evals = [entry["eval_runtime"] for entry in results_log(output) if "eval_runtime" in entry]
+    assert len(evals) == 2 and spent["validations_seconds"] == pytest.approx(sum(evals))
+    assert 0 < spent["validations_seconds"] < spent["training_seconds"]
+    # Without a budget nothing is unspent; the run says the same in minutes.
+    assert spent["budget_seconds"] is None and spent["unspent_seconds"] is None
+    line = next(line for line in result.stdout.splitlines() if line.startswith("Where the time went"))
+    assert f"training {spent['training_seconds'] / 60:.1f} (validations" in line and "unspent" not in line
+
+
+def results_log(output: Path) -> list[dict]:
+    return json.loads((output / "training_log.json").read_text())["log_history"]
+
+
 def test_the_length_penalty_is_chosen_by_validation_bleu_and_kept_in_the_model(trained_folder):
     output, result = trained_folder
     results = json.loads((output / "results.json").read_text())

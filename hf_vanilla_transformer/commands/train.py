@@ -32,6 +32,7 @@ from ..training.budget import BudgetError
 from ..training.checkpoints import CheckpointError
 from ..training.collapse import SourceCollapseError, collapse_message
 from ..training.recipes import machine_recipe, parse_run
+from ..training.results import describe_time
 from ..training.run import train_and_evaluate
 from ..utils.files import DiskFullError, is_disk_full
 from ..utils.locks import FolderInUseError
@@ -155,6 +156,7 @@ def _train_and_report(settings, command: str) -> dict | None:
         f"\nModel folder: {args.output_dir} (model, tokenizer, results.json, README.md); "
         f"total {(time.time() - started) / 60:.1f} min"
     )
+    print(f"Where the time went, in minutes, {describe_time(results['time'])}.")
     if results["plan"].get("ended_by") == "epochs":
         print(
             f"The {recipe.max_epochs:g}-epoch cap (--max_epochs) ended training before the "

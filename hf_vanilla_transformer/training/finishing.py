@@ -41,6 +41,7 @@ def finish_run(
         # The model's files are written again below: a results.json of an earlier run (a finished run started
         # again, or given more updates) no longer marks the folder complete until this run writes its own.
         (output_dir / "results.json").unlink(missing_ok=True)
+        lap = _Lap(outcome.finishing)
         # 6. Average the last checkpoints into the model folder (§6.1).
         model, outcome.averaged = average_last_checkpoints(
             output_dir, output_dir, recipe.average_last, recipe.average_window, trainer.state.log_history
@@ -50,6 +51,7 @@ def finish_run(
         if outcome.start is not None:  # never worse than the model it started from
             model, outcome.kept = keep_the_better(model, settings, data, outcome.start, output_dir)
         moment("model-folder", output_dir)
+        lap("averaging")
         # 7. The GNMT alpha of the beam search, chosen on the validation pairs where the recipe asks for it (§6.1).
         decode_started = time.time()
         outcome.alpha_choice = choose_alpha(
@@ -58,6 +60,7 @@ def finish_run(
         if outcome.alpha_choice is not None:  # the model folder keeps the chosen alpha
             model.generation_config.length_penalty = outcome.alpha_choice["chosen"]
             model.generation_config.save_pretrained(output_dir)
+        lap("alpha")
         # 8. Test BLEU with the paper's beam search.
         outcome.sources, outcome.references = list(data.test["source"]), list(data.test["target"])
         outcome.scores, outcome.hypotheses = evaluate_translations(
@@ -65,15 +68,29 @@ def finish_run(
         )
         outcome.decode_seconds = time.time() - decode_started
         outcome.length_penalty = model.generation_config.length_penalty
+        lap("test")
         # 9. Log, plots, card, and results.json last: the mark of a complete folder.
-        results = run_results(settings, data, training, end, model, outcome)
         log = trainer.state.log_history
         write_json_atomically(output_dir / "training_log.json", {"log_history": log})
         sentence = plot_sentence(outcome.sources) if settings.publishes_examples else None  # None: no attention maps
         plots = write_run_plots(model, data.tokenizer, log, output_dir / "plots", sentence)
+        lap("folder")
+        results = run_results(settings, data, training, end, model, outcome)
         write_model_card(output_dir, results, plots=[str(path.relative_to(output_dir)) for path in plots])
         write_json_atomically(output_dir / "results.json", results)
     return results
+
+
+class _Lap:
+    """Each call records the seconds since the previous one (or since it was made) under its name in `into`."""
+
+    def __init__(self, into: dict):
+        self.into, self.mark = into, time.time()
+
+    def __call__(self, name: str) -> None:
+        now = time.time()
+        self.into[f"{name}"] = now - self.mark
+        self.mark = now
 
 
 @contextmanager

@@ -31,6 +31,8 @@ class RunOutcome:
     references: list[str] = field(default_factory=list)
     hypotheses: list[str] = field(default_factory=list)
     decode_seconds: float = 0.0
+    set_up_seconds: float = 0.0  # from the process's start to training's (corpus, tokenizer, plan, Trainer)
+    finishing: dict = field(default_factory=dict)  # seconds of each step after training (`finishing.finish_run`)
     length_penalty: float | None = None
     alpha_choice: dict | None = None
     start: dict | None = None  # a fine-tuning run's starting model on validation (training/start.py)
@@ -75,6 +77,9 @@ def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunO
         "command": public_command(outcome.command, settings.output_dir),
         "wall_seconds": time.time() - outcome.started,
     }
+    results["time"] = time_spent(
+        results["wall_seconds"], settings.max_minutes, outcome, training.trainer.state.log_history
+    )
     if outcome.alpha_choice:
         results["length_penalty_choice"] = outcome.alpha_choice
     if outcome.kept:
@@ -85,6 +90,43 @@ def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunO
         results["plateau"] = training.plateau.record()
     results["rules"] = fired_rules(end.plan, results)
     return publishable(results, private_paths(settings.recipe, settings.args), settings.output_dir)
+
+
+def time_spent(wall_seconds: float, max_minutes: float | None, outcome: RunOutcome, log: list[dict]) -> dict:
+    """Where a run's seconds went, in the order spent: the set-up (corpus, tokenizer, plan, Trainer), training (its
+    validations among them), then each step after it (`RunOutcome.finishing`: averaging, the choice of alpha, the
+    test decoding, the log and plots; a fine-tuning run's averaging holds its check of the start), and of a budget what was left unspent when `results.json` was written
+    (None without a budget). What the budget's margins and predictions leave idle is the unspent part."""
+    spent = {
+        "set_up": outcome.set_up_seconds,
+        "training": outcome.train_seconds,
+        "validations": sum(entry.get("eval_runtime", 0.0) for entry in log),
+        **outcome.finishing,
+    }
+    budget = max_minutes * 60 if max_minutes is not None else None
+    return {
+        "budget_seconds": budget,
+        **{f"{name}_seconds": seconds for name, seconds in spent.items()},
+        "unspent_seconds": budget - wall_seconds if budget is not None else None,
+    }
+
+
+def describe_time(spent: dict) -> str:
+    """`time_spent`'s record in words, in minutes: "of the 26-minute budget: set-up 1.0, training 22.3 (validations
+    0.8), ...; unspent 1.1"."""
+    names = {"set_up": "set-up", "averaging": "averaging", "alpha": "choice of alpha", "test": "test decoding",
+             "folder": "log, plots and card"}  # fmt: skip
+    words = []
+    for key, seconds in spent.items():
+        name = key.removesuffix("_seconds")
+        if name == "training":
+            words.append(f"training {seconds / 60:.1f} (validations {spent['validations_seconds'] / 60:.1f})")
+        elif name in names and seconds is not None:
+            words.append(f"{names[name]} {seconds / 60:.1f}")
+    said = ", ".join(words)
+    if spent.get("budget_seconds") is not None:
+        said = f"of the {spent['budget_seconds'] / 60:g}-minute budget: {said}; unspent {spent['unspent_seconds'] / 60:.1f}"
+    return said
 
 
 def fired_rules(plan, results: dict) -> list[dict]:
