@@ -48,6 +48,31 @@ def test_a_saved_model_takes_the_finetune_recipe_over_the_machines_and_a_named_r
     assert recipe_values("finetune", [])["max_tokens_choices"] == read_recipe("gpu")["max_tokens_choices"]
 
 
+def test_the_starts_validation_bleu_sets_the_peak_where_the_recipe_says_and_a_peak_given_keeps_its_own(tmp_path):
+    """`peak_by_start_bleu`: a start far from its new domain (validation BLEU below the bound) gets the larger peak,
+    one at or above it the recipe's; a --peak_learning_rate given is the run's whatever the start scores."""
+    base = ["--model_name_or_path", "runs/start", "--output_dir", str(tmp_path)]
+    settings = parse_run(base)
+    bound, peak = (float(value) for value in read_recipe("finetune")["peak_by_start_bleu"].split(":"))
+    assert peak > settings.rate.peak
+    far = settings.for_start({"bleu": bound - 5.31})
+    assert far.rate.peak == peak and far.rate.warmup == settings.rate.warmup
+    said = f"peak {peak:.1e} for a start of validation BLEU {bound - 5.31:.2f}"
+    assert far.fired == ({"rule": "peak_by_start_bleu", "said": said},)
+    for near in ({"bleu": bound}, {"bleu": bound + 10.67}, None):  # at the bound, above it, or not measured
+        assert settings.for_start(near) is settings
+    given = parse_run([*base, "--peak_learning_rate", "2e-4"])
+    assert given.recipe.peak_by_start_bleu is None and given.for_start({"bleu": 1.0}).rate.peak == 2e-4
+    steps = parse_run([*base, "--peak_learning_rate", "2e-4", "--peak_by_start_bleu", "30:5e-4,10:1e-3"])
+    assert [steps.for_start({"bleu": bleu}).rate.peak for bleu in (5, 15, 40)] == [1e-3, 5e-4, 2e-4]
+    with pytest.raises(ValueError, match=r"peak_by_start_bleu='x:1' holds 'x:1'; expected bleu:peak pairs"):
+        parse_run([*base, "--peak_by_start_bleu", "x:1"])
+    with pytest.raises(ValueError, match=r"holds '20:0'"):
+        parse_run([*base, "--peak_by_start_bleu", "20:0"])
+    # A model trained from scratch has no start: the rule is the fine-tuning recipe's alone.
+    assert parse_run(["--output_dir", str(tmp_path)]).start_peaks == ()
+
+
 def test_a_recipe_that_extends_itself_is_named(tmp_path, monkeypatch):
     first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
     first.write_text(f"extends: {second}\nseed: 1\n")
@@ -111,7 +136,16 @@ def test_the_finetune_benchmark_sets_each_runs_own_figures_side_by_side(tmp_path
     for name in ("finetune-seed0", "scratch-seed0"):
         results = json.loads((output / name / "results.json").read_text())
         assert rows[name]["bleu"] == results["test"]["bleu"] and rows[name]["updates"] == 6
-    assert json.loads((output / "finetune-seed0" / "results.json").read_text())["recipe"]["recipe_file"] == "finetune"
+    tuned = json.loads((output / "finetune-seed0" / "results.json").read_text())
+    assert tuned["recipe"]["recipe_file"] == "finetune"
+    # The start (30 updates of a tiny model) is far below the recipe's bound: its run took the larger peak, and says so.
+    bound, peak = (float(value) for value in read_recipe("finetune")["peak_by_start_bleu"].split(":"))
+    start_bleu = json.loads((output / "finetune-seed0" / "start.json").read_text())["bleu"]
+    assert start_bleu < bound and tuned["plan"]["peak_learning_rate"] == pytest.approx(peak)
+    assert {
+        "rule": "peak_by_start_bleu",
+        "said": f"peak {peak:.1e} for a start of validation BLEU {start_bleu:.2f}",
+    } in (tuned["rules"])
     assert rows["scratch-seed0"]["kept"] is None and rows["finetune-seed0"]["kept"] in ("trained", "start")
     scored = run_script("score.py", start, "--data_files", TEST_40)  # the start row: the folder scored as it is
     assert rows["start"]["bleu"] == json.loads(scored.stdout[scored.stdout.rfind("\n{") + 1 :])["score"]

@@ -21,6 +21,7 @@ from .choices import (
     budgeted,
     dropout_by_epochs,
     length_penalty_choices,
+    peak_by_start_bleu,
     preset_choices,
     size_min_updates,
     token_choices,
@@ -239,6 +240,14 @@ class ModelDataArguments:
             "a --dropout given on the command line turns it off."
         },
     )
+    peak_by_start_bleu: str | None = field(
+        default=None,
+        metadata={
+            "help": "Fine-tuning: the peak learning rate from the starting model's validation BLEU (greedy, measured "
+            "before the first update), as bleu:peak pairs (e.g. 20:8e-4: a start below 20 gets 8e-4; at or above "
+            "every bound, --peak_learning_rate); a --peak_learning_rate given on the command line turns it off."
+        },
+    )
     plateau_validations: int | None = field(
         default=None,
         metadata={
@@ -413,7 +422,7 @@ def check_recipe_arguments(recipe: ModelDataArguments) -> None:
             raise ValueError(f"{name}={value} is invalid; expected at least 1.")
     if recipe.min_updates is not None and recipe.min_updates < 1:
         raise ValueError(f"min_updates={recipe.min_updates} is invalid; expected at least 1.")
-    size_min_updates(recipe), dropout_by_epochs(recipe)
+    size_min_updates(recipe), dropout_by_epochs(recipe), peak_by_start_bleu(recipe)
     if recipe.plateau_validations is not None and recipe.plateau_validations < 1:
         raise ValueError(f"plateau_validations={recipe.plateau_validations} is invalid; expected at least 1.")
     if recipe.max_warmup_fraction is not None and not 0 < recipe.max_warmup_fraction <= 1:

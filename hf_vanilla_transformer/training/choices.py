@@ -84,6 +84,33 @@ def dropout_by_epochs(recipe) -> list[tuple[float, float]]:
     return sorted(steps)
 
 
+def peak_by_start_bleu(recipe) -> list[tuple[float, float]]:
+    """The (validation BLEU, peak learning rate) steps of `peak_by_start_bleu`, lowest BLEU first; [] when not
+    given. A ValueError names a bad pair."""
+    text, steps = recipe.peak_by_start_bleu, []
+    for pair in (text or "").split(","):
+        if not pair.strip():
+            continue
+        bleu, _, peak = pair.partition(":")
+        try:
+            step = (float(bleu), float(peak))
+        except ValueError:
+            step = (-1.0, -1.0)
+        if not (0 < step[0] <= 100 and step[1] > 0):
+            raise ValueError(
+                f"peak_by_start_bleu={text!r} holds {pair.strip()!r}; expected bleu:peak pairs of a BLEU in (0, 100] "
+                "and a positive learning rate, such as '20:8e-4'."
+            )
+        steps.append(step)
+    return sorted(steps)
+
+
+def start_peak(steps, bleu: float) -> float | None:
+    """The peak of the first of `steps` (`peak_by_start_bleu`, lowest BLEU first) whose BLEU the start's validation
+    `bleu` is below; None at or above them all (the recipe's peak)."""
+    return next((peak for bound, peak in steps if bleu < bound), None)
+
+
 def budgeted(recipe, args) -> bool:
     """Whether the run's length is measured to fit a time budget (max_minutes without max_steps)."""
     return recipe.max_minutes is not None and args.max_steps <= 0

@@ -26,8 +26,10 @@ from .choices import (
     budgeted,
     dropout_by_epochs,
     length_penalty_choices,
+    peak_by_start_bleu,
     preset_choices,
     size_min_updates,
+    start_peak,
     token_choices,
 )
 from .models import parse_config_overrides
@@ -72,6 +74,19 @@ class RunSettings:
     publishes_examples: bool = True
     dropout_steps: tuple[tuple[float, float], ...] = ()  # the dropout by predicted epochs (`dropout_by_epochs`)
     size_min_updates: tuple[tuple[str, int], ...] = ()  # the sizes that need more updates (`size_min_updates`)
+    start_peaks: tuple[tuple[float, float], ...] = ()  # a fine-tuning run's peak by its start (`peak_by_start_bleu`)
+    fired: tuple[dict, ...] = ()  # the recipe's rules applied before the plan (`for_start`), for its record
+
+    def for_start(self, start: dict | None) -> RunSettings:
+        """The settings of a fine-tuning run whose starting model scored `start` on validation (`training/start.py`;
+        None: not measured): the peak of `peak_by_start_bleu` for its BLEU, where a step applies, recorded as a rule
+        that fired."""
+        peak = start_peak(self.start_peaks, start["bleu"]) if start is not None else None
+        if peak is None:
+            return self
+        said = f"peak {peak:.1e} for a start of validation BLEU {start['bleu']:.2f}"
+        rule = {"rule": "peak_by_start_bleu", "said": said}
+        return dataclasses.replace(self, rate=dataclasses.replace(self.rate, peak=peak), fired=(*self.fired, rule))
 
     def update_size(self, max_tokens: int) -> UpdateSize:
         """The update of batches of `max_tokens` (`update_size`)."""
@@ -116,6 +131,7 @@ class RunSettings:
             "size_min_updates": recipe.size_min_updates,
             "dropout": recipe.dropout,
             "dropout_by_epochs": recipe.dropout_by_epochs,
+            "peak_by_start_bleu": recipe.peak_by_start_bleu,
             "max_epochs": recipe.max_epochs,
             "plateau_validations": recipe.plateau_validations,
             "max_minutes": recipe.max_minutes,
@@ -165,6 +181,7 @@ def settle(recipe: ModelDataArguments, args: TransformerTrainingArguments, devic
         publishes_examples=recipe.publish_examples or not recipe.data_files,
         dropout_steps=tuple(dropout_by_epochs(recipe)),
         size_min_updates=tuple(size_min_updates(recipe).items()),
+        start_peaks=tuple(peak_by_start_bleu(recipe)) if recipe.model_name_or_path else (),
     )
 
 

@@ -290,10 +290,11 @@ def schedule(
     update = settings.updates[max_tokens]
     rate = learning_rate(settings.rate, model.config.d_model, warmup, update.tokens)
     epochs = max_steps / epoch_updates(inputs, max_tokens)
-    dropout, fired = dropout_for(settings.dropout_steps, epochs), []
+    dropout, fired = dropout_for(settings.dropout_steps, epochs), list(settings.fired)
     cadence = f"warmup {warmup:,} updates to a peak learning rate of {rate.peak:.2e}, a checkpoint every {save:,}"
     if rules.validates and evaluate:
         cadence += f", validation every {evaluate:,}"
+    cadence += "".join(f" ({rule['said']}: {rule['rule']})" for rule in settings.fired)
     if warmup < settings.rate.warmup:
         fired.append({"rule": "max_warmup_fraction", "said": f"warmup cut to {warmup:,}"})
     if dropout is not None:
