@@ -94,13 +94,15 @@ def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunO
 
 def time_spent(wall_seconds: float, max_minutes: float | None, outcome: RunOutcome, log: list[dict]) -> dict:
     """Where a run's seconds went, in the order spent: the set-up (corpus, tokenizer, plan, Trainer), training (its
-    validations among them), then each step after it (`RunOutcome.finishing`: averaging, the choice of alpha, the
-    test decoding, the log and plots; a fine-tuning run's averaging holds its check of the start), and of a budget what was left unspent when `results.json` was written
-    (None without a budget). What the budget's margins and predictions leave idle is the unspent part."""
+    validations among them: this process's, from `log`), then each step after it (`RunOutcome.finishing`: averaging,
+    the choice of alpha, the test decoding, the log and plots; a fine-tuning run's averaging holds its check of the
+    start), and of a budget what was left unspent when `results.json` was written (None without a budget): what the
+    budget's margins and predictions left idle."""
+    resumed = checkpoint_step(outcome.resumed_at) if outcome.resumed_at else 0  # this process's validations only
     spent = {
         "set_up": outcome.set_up_seconds,
         "training": outcome.train_seconds,
-        "validations": sum(entry.get("eval_runtime", 0.0) for entry in log),
+        "validations": sum(entry.get("eval_runtime", 0.0) for entry in log if entry.get("step", 0) > resumed),
         **outcome.finishing,
     }
     budget = max_minutes * 60 if max_minutes is not None else None
