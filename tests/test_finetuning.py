@@ -69,8 +69,11 @@ def test_the_starts_validation_bleu_sets_the_peak_where_the_recipe_says_and_a_pe
         parse_run([*base, "--peak_by_start_bleu", "x:1"])
     with pytest.raises(ValueError, match=r"holds '20:0'"):
         parse_run([*base, "--peak_by_start_bleu", "20:0"])
-    # A model trained from scratch has no start: the rule is the fine-tuning recipe's alone.
-    assert parse_run(["--output_dir", str(tmp_path)]).start_peaks == ()
+    # A model trained from scratch has no start: the recipe's rule does not reach it, nor a bound of no number.
+    scratch = parse_run(["--recipe", "finetune", "--output_dir", str(tmp_path)])
+    assert scratch.recipe.peak_by_start_bleu and scratch.start_peaks == ()
+    with pytest.raises(ValueError, match=r"holds '20:inf'"):
+        parse_run([*base, "--peak_by_start_bleu", "20:inf"])
 
 
 def test_a_recipe_that_extends_itself_is_named(tmp_path, monkeypatch):
@@ -145,7 +148,7 @@ def test_the_finetune_benchmark_sets_each_runs_own_figures_side_by_side(tmp_path
     assert {
         "rule": "peak_by_start_bleu",
         "said": f"peak {peak:.1e} for a start of validation BLEU {start_bleu:.2f}",
-    } in (tuned["rules"])
+    } in tuned["rules"]
     assert rows["scratch-seed0"]["kept"] is None and rows["finetune-seed0"]["kept"] in ("trained", "start")
     scored = run_script("score.py", start, "--data_files", TEST_40)  # the start row: the folder scored as it is
     assert rows["start"]["bleu"] == json.loads(scored.stdout[scored.stdout.rfind("\n{") + 1 :])["score"]

@@ -273,6 +273,22 @@ def test_results_say_where_the_time_went_and_the_parts_make_the_whole(trained_fo
     assert f"training {spent['training_seconds'] / 60:.1f} (validations" in line and "unspent" not in line
 
 
+def test_a_resumed_run_counts_its_own_time_and_says_nothing_of_the_budget_it_shares():
+    """A resumed run's record holds this process's minutes: the validations after its checkpoint only, and no
+    unspent part (the budget was the first process's); a run that ends past its budget says by how much."""
+    from hf_vanilla_transformer.training.results import RunOutcome, describe_time, time_spent
+
+    log = [{"step": 10, "eval_runtime": 4.0}, {"step": 20, "loss": 3.0}, {"step": 30, "eval_runtime": 5.0}]
+    finishing = {"averaging": 1.0, "alpha": 6.0, "test": 12.0, "folder": 2.0}
+    resumed = RunOutcome(0.0, 100.0, resumed_at="out/checkpoint-20", set_up_seconds=12.0, finishing=finishing)
+    spent = time_spent(130.0, 26, resumed, log)
+    assert spent["validations_seconds"] == 5.0 and spent["unspent_seconds"] is None and spent["resumed"]
+    assert describe_time(spent).startswith("since the run resumed: set-up 0.2, training 1.7 (validations 0.1)")
+    whole = time_spent(78.0, 1, RunOutcome(0.0, 50.0, set_up_seconds=9.0, finishing=finishing), log)
+    assert whole["validations_seconds"] == 9.0 and whole["unspent_seconds"] == -18.0
+    assert describe_time(whole).endswith("log and plots 0.0; over it by 0.3")
+
+
 def results_log(output: Path) -> list[dict]:
     return json.loads((output / "training_log.json").read_text())["log_history"]
 

@@ -5,6 +5,7 @@ GNMT alphas the validation chooses among (`length_penalty_choices`, §6.1). A Va
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ..model.configuration_vanilla_transformer import PRESETS
 
@@ -66,43 +67,35 @@ def size_min_updates(recipe) -> dict[str, int]:
 def dropout_by_epochs(recipe) -> list[tuple[float, float]]:
     """The (epochs, dropout) steps of `dropout_by_epochs`, fewest epochs first; [] when not given. A ValueError names
     a bad pair."""
-    text, steps = recipe.dropout_by_epochs, []
-    for pair in (text or "").split(","):
-        if not pair.strip():
-            continue
-        epochs, _, dropout = pair.partition(":")
-        try:
-            step = (float(epochs), float(dropout))
-        except ValueError:
-            step = (-1.0, -1.0)
-        if not (step[0] >= 0 and 0 <= step[1] < 1):
-            raise ValueError(
-                f"dropout_by_epochs={text!r} holds {pair.strip()!r}; expected epochs:dropout pairs of epochs >= 0 and "
-                "dropouts in [0, 1), such as '10:0.1'."
-            )
-        steps.append(step)
-    return sorted(steps)
+    expected = "epochs:dropout pairs of epochs >= 0 and dropouts in [0, 1), such as '10:0.1'"
+    return _number_pairs(
+        recipe, "dropout_by_epochs", lambda epochs, dropout: epochs >= 0 and 0 <= dropout < 1, expected
+    )
 
 
 def peak_by_start_bleu(recipe) -> list[tuple[float, float]]:
     """The (validation BLEU, peak learning rate) steps of `peak_by_start_bleu`, lowest BLEU first; [] when not
     given. A ValueError names a bad pair."""
-    text, steps = recipe.peak_by_start_bleu, []
-    for pair in (text or "").split(","):
+    expected = "bleu:peak pairs of a BLEU in (0, 100] and a positive learning rate, such as '20:8e-4'"
+    return _number_pairs(recipe, "peak_by_start_bleu", lambda bleu, peak: 0 < bleu <= 100 and peak > 0, expected)
+
+
+def _number_pairs(recipe, name: str, valid, expected: str) -> list[tuple[float, float]]:
+    """The pairs of numbers "a:b,a:b" of the recipe's field `name`, sorted; [] when not given. A pair that is not
+    two numbers or that `valid(a, b)` refuses is a ValueError naming it and saying what was `expected`."""
+    text, pairs = getattr(recipe, name), []
+    for pair in (str(text) if text is not None else "").split(","):
         if not pair.strip():
             continue
-        bleu, _, peak = pair.partition(":")
+        first, _, second = pair.partition(":")
         try:
-            step = (float(bleu), float(peak))
+            numbers = (float(first), float(second))
         except ValueError:
-            step = (-1.0, -1.0)
-        if not (0 < step[0] <= 100 and step[1] > 0):
-            raise ValueError(
-                f"peak_by_start_bleu={text!r} holds {pair.strip()!r}; expected bleu:peak pairs of a BLEU in (0, 100] "
-                "and a positive learning rate, such as '20:8e-4'."
-            )
-        steps.append(step)
-    return sorted(steps)
+            numbers = None
+        if numbers is None or not all(map(math.isfinite, numbers)) or not valid(*numbers):
+            raise ValueError(f"{name}={text!r} holds {pair.strip()!r}; expected {expected}.")
+        pairs.append(numbers)
+    return sorted(pairs)
 
 
 def start_peak(steps, bleu: float) -> float | None:

@@ -48,10 +48,11 @@ def finish_run(
         )
         save_tokenizer(data.tokenizer, output_dir)  # the keys its class defines only (no source's auto_map)
         model.to(trainer.args.device)
+        lap("averaging")
         if outcome.start is not None:  # never worse than the model it started from
             model, outcome.kept = keep_the_better(model, settings, data, outcome.start, output_dir)
+            lap("start_check")
         moment("model-folder", output_dir)
-        lap("averaging")
         # 7. The GNMT alpha of the beam search, chosen on the validation pairs where the recipe asks for it (§6.1).
         decode_started = time.time()
         outcome.alpha_choice = choose_alpha(
@@ -89,7 +90,7 @@ class _Lap:
 
     def __call__(self, name: str) -> None:
         now = time.time()
-        self.into[f"{name}"] = now - self.mark
+        self.into[name] = now - self.mark
         self.mark = now
 
 

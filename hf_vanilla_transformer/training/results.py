@@ -93,11 +93,12 @@ def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunO
 
 
 def time_spent(wall_seconds: float, max_minutes: float | None, outcome: RunOutcome, log: list[dict]) -> dict:
-    """Where a run's seconds went, in the order spent: the set-up (corpus, tokenizer, plan, Trainer), training (its
-    validations among them: this process's, from `log`), then each step after it (`RunOutcome.finishing`: averaging,
-    the choice of alpha, the test decoding, the log and plots; a fine-tuning run's averaging holds its check of the
-    start), and of a budget what was left unspent when `results.json` was written (None without a budget): what the
-    budget's margins and predictions left idle."""
+    """Where this process's seconds went, in the order spent: the set-up (corpus, tokenizer, plan, Trainer), training
+    (its validations among them, from `log`: after a switch to another choice, the second Trainer's only), then each
+    step after it (`RunOutcome.finishing`: averaging, a fine-tuning run's check of its start, the choice of alpha,
+    the test decoding, the log and plots), and of a budget what was left unspent when `results.json` was written:
+    what the budget's margins and predictions left idle. None without a budget, and for a resumed run (its budget
+    was the first process's; this one spent only its own part of it)."""
     resumed = checkpoint_step(outcome.resumed_at) if outcome.resumed_at else 0  # this process's validations only
     spent = {
         "set_up": outcome.set_up_seconds,
@@ -109,15 +110,16 @@ def time_spent(wall_seconds: float, max_minutes: float | None, outcome: RunOutco
     return {
         "budget_seconds": budget,
         **{f"{name}_seconds": seconds for name, seconds in spent.items()},
-        "unspent_seconds": budget - wall_seconds if budget is not None else None,
+        "unspent_seconds": budget - wall_seconds if budget is not None and not resumed else None,
+        "resumed": bool(resumed),
     }
 
 
 def describe_time(spent: dict) -> str:
     """`time_spent`'s record in words, in minutes: "of the 26-minute budget: set-up 1.0, training 22.3 (validations
     0.8), ...; unspent 1.1"."""
-    names = {"set_up": "set-up", "averaging": "averaging", "alpha": "choice of alpha", "test": "test decoding",
-             "folder": "log, plots and card"}  # fmt: skip
+    names = {"set_up": "set-up", "averaging": "averaging", "start_check": "the start checked again",
+             "alpha": "choice of alpha", "test": "test decoding", "folder": "log and plots"}  # fmt: skip
     words = []
     for key, seconds in spent.items():
         name = key.removesuffix("_seconds")
@@ -126,15 +128,19 @@ def describe_time(spent: dict) -> str:
         elif name in names and seconds is not None:
             words.append(f"{names[name]} {seconds / 60:.1f}")
     said = ", ".join(words)
+    if spent.get("resumed"):
+        return f"since the run resumed: {said}"
     if spent.get("budget_seconds") is not None:
-        said = f"of the {spent['budget_seconds'] / 60:g}-minute budget: {said}; unspent {spent['unspent_seconds'] / 60:.1f}"
+        left = spent["unspent_seconds"] / 60
+        said = f"of the {spent['budget_seconds'] / 60:g}-minute budget: {said}; "
+        said += f"unspent {left:.1f}" if left >= 0 else f"over it by {-left:.1f}"
     return said
 
 
 def fired_rules(plan, results: dict) -> list[dict]:
     """The recipe's rules that decided something in the run, `{"rule": the recipe's value, "said": in words}`: the
-    plan's (`Record.rules`: the size, the dropout, a cut warmup) and how training ended where a rule ended it (the
-    plateau, the epoch cap, the deadline, a switch, the source not yet judged)."""
+    plan's (`Record.rules`: the size, the dropout, a cut warmup, a fine-tuning start's peak) and how training ended
+    where a rule ended it (the plateau, the epoch cap, the deadline, a switch, the source not yet judged)."""
     fired, ended = list(plan.record.rules), results["plan"]["ended_by"]
     if plan.history.switched_from:
         fired.append({"rule": "switch", "said": f"switched from {plan.history.switched_from.get('preset')}"})

@@ -114,8 +114,15 @@ def _train_and_evaluate(settings: RunSettings, command: str, examples: int, star
     if not args.should_save:
         # Averaging, the test decoding and the model folder are the main process's work; the others are done.
         return None
-    outcome = RunOutcome(started, train_seconds, resumed_at=resume, command=command, examples=examples, start=start)
-    outcome.set_up_seconds = train_started - started
+    outcome = RunOutcome(
+        started,
+        train_seconds,
+        resumed_at=resume,
+        command=command,
+        examples=examples,
+        start=start,
+        set_up_seconds=train_started - started,
+    )
     return finish_run(settings, data, training, end, outcome)
 
 

@@ -68,8 +68,11 @@ def starting_point(settings, data) -> dict | None:
     if recipe.model_name_or_path and pairs is None:
         logger.warning(
             "no validation split: the model %s started from is not measured, and the trained model is kept whatever "
-            "it scores (give --validation_files to keep the better of the two)",
+            "it scores%s (give --validation_files to keep the better of the two)",
             Path(recipe.model_name_or_path).name,
+            ", and its peak is the recipe's (peak_by_start_bleu needs the start's score)"
+            if settings.start_peaks
+            else "",
         )
     if not recipe.model_name_or_path or pairs is None or not args.should_save:
         return None
