@@ -54,7 +54,6 @@ def finish_run(
             lap("start_check")
         moment("model-folder", output_dir)
         # 7. The GNMT alpha of the beam search, chosen on the validation pairs where the recipe asks for it (§6.1).
-        decode_started = time.time()
         outcome.alpha_choice = choose_alpha(
             list(settings.alphas), model, data.tokenizer, data.corpus, recipe.max_eval_samples, recipe.test_beams
         )
@@ -67,7 +66,6 @@ def finish_run(
         outcome.scores, outcome.hypotheses = evaluate_translations(
             model, data.tokenizer, outcome.sources, outcome.references, num_beams=recipe.test_beams
         )
-        outcome.decode_seconds = time.time() - decode_started
         outcome.length_penalty = model.generation_config.length_penalty
         lap("test")
         # 9. Log, plots, card, and results.json last: the mark of a complete folder.

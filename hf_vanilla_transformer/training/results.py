@@ -30,13 +30,17 @@ class RunOutcome:
     sources: list[str] = field(default_factory=list)
     references: list[str] = field(default_factory=list)
     hypotheses: list[str] = field(default_factory=list)
-    decode_seconds: float = 0.0
     set_up_seconds: float = 0.0  # from the process's start to training's (corpus, tokenizer, plan, Trainer)
     finishing: dict = field(default_factory=dict)  # seconds of each step after training (`finishing.finish_run`)
     length_penalty: float | None = None
     alpha_choice: dict | None = None
     start: dict | None = None  # a fine-tuning run's starting model on validation (training/start.py)
     kept: dict | None = None  # ... and which model the folder kept: "trained" or "start", with both scores
+
+    @property
+    def decode_seconds(self) -> float:
+        """The choice of alpha and the test decoding, together (`finishing`'s two steps)."""
+        return self.finishing.get("alpha", 0.0) + self.finishing.get("test", 0.0)
 
 
 def describe_parameters(model) -> str:
