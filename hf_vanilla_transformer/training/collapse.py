@@ -45,7 +45,8 @@ SOURCE_GAIN_AT_LEAST = 0.1
 # `--source_check stop` before its end (a collapsed model stays within 0.001 of zero; a slow one gains 0.01 and more).
 NOTHING_BELOW = 0.01
 LOW_IN_A_ROW = 3
-# The epochs of its corpus a model is trained before a source worth nothing is judged a collapse.
+# The epochs of its corpus a model is trained before a source worth nothing is judged a collapse (and before
+# validations that do not raise its best BLEU count towards a plateau: callbacks.PlateauCallback).
 JUDGED_AFTER_EPOCHS = 1.0
 
 
