@@ -41,7 +41,7 @@ from hf_vanilla_transformer.data.corpora import load_corpus  # noqa: E402
 from hf_vanilla_transformer.evaluation.translation import translate  # noqa: E402
 from hf_vanilla_transformer.training.budget.costs import decode_cost  # noqa: E402
 from hf_vanilla_transformer.training.budget.decode_speed import measure_decode_step, median_batch  # noqa: E402
-from hf_vanilla_transformer.utils.device import AUTOCAST  # noqa: E402
+from hf_vanilla_transformer.utils.device import forward_context  # noqa: E402
 
 
 if len(sys.argv) not in (3, 4):
@@ -66,12 +66,11 @@ for name, one in (("trained", model), ("fresh", fresh)):
     found[f"steps_{name}"] = {"beam_step": step, "greedy_step": greedy, "ratio": step / greedy, "seconds": took}
     print(name, found[f"steps_{name}"], flush=True)
 
-dtype = AUTOCAST.get(precision)
 seconds = {}
-for label, kwargs, autocast in (("greedy", {"num_beams": 1}, dtype), ("beam", {"num_beams": beams}, None)):
+for label, beams_of, precision_of in (("greedy", 1, precision), ("beam", beams, "fp32")):
     began = time.perf_counter()
-    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-        translate(model, tokenizer, sources, progress=False, **kwargs)
+    with forward_context(torch.device("cpu"), precision_of):  # autocast as the run's validations; none for the test
+        translate(model, tokenizer, sources, progress=False, num_beams=beams_of)
     seconds[label] = time.perf_counter() - began
 found["test"] = {**seconds, "sentences": len(sources), "ratio": seconds["beam"] / seconds["greedy"]}
 print("test", found["test"], flush=True)
