@@ -18,8 +18,8 @@ setup:
 main: setup
 	$(PY) scripts/main.py
 
-# The GPU check (docs/gpu.md): the gpu tests, a 3-minute main job and the benchmark of base and big, as one table
-# (and gpu_check.json), in under ten minutes; on a machine without a GPU the same steps scaled down, said so.
+# The GPU check (docs/gpu.md): the gpu tests, a main job and the benchmark of base, as one table
+# (and gpu_check.json), in nine and a half minutes; on a machine without a GPU the same steps scaled down, said so.
 gpu-check: setup
 	$(PY) -m hf_vanilla_transformer gpu-check --output gpu_check.json
 

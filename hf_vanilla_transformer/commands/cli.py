@@ -30,7 +30,7 @@ COMMANDS = {
         "a model adapted in a fixed budget, beside its start and scratch",
     ),
     "curve": ("curve", "main", "the recipe at a list of budgets, one run each: a table and a plot of BLEU by minutes"),
-    "gpu-check": ("gpu_check", "main", "the gpu tests, a main job and the benchmark, as one table (9 minutes)"),
+    "gpu-check": ("gpu_check", "main", "the gpu tests, a main job and the benchmark, as one table (9.5 minutes)"),
     "configs": ("configs", "main", "the recipes and accelerate files shipped with the package, with their paths"),
 }
 TRAINING = ("train", "main")
