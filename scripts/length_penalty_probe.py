@@ -1,15 +1,22 @@
 """BLEU of main-job model folders at GNMT length penalties (α) beyond the recipe's grid (issue 48, docs/cpu_recipe.md):
-beam 4, on the 200 validation pairs the main job chooses α on and on the 1,152 test pairs of its corpus.
+beam 4, on the 200 validation pairs the main job chooses α on and on the 1,152 test pairs of its corpus, each split
+decoded once for all the α (`translate_each_alpha`).
 
-    python scripts/length_penalty_probe.py FOLDER [FOLDER ...] [--alphas 2.0,2.5,3.0]
+    python scripts/length_penalty_probe.py FOLDER [FOLDER ...] [--alphas 0.6,1.0,1.5,2.0,2.5,3.0]
+    python scripts/length_penalty_probe.py FOLDER --time_searches [--alphas 0.6,1.0,1.5]
 
-One line of JSON per folder and α; nothing else should run meanwhile (it decodes on every core)."""
+One line of JSON per folder and α; nothing else should run meanwhile (it decodes on every core). With
+`--time_searches`, the validation pairs (what the main job chooses α on) are decoded both ways in turns instead,
+once per α with `translate()` and once for all with `translate_each_alpha`, and one line per folder gives both times
+and whether every translation is the same."""
 
 import argparse
 import json
+import time
 
 from hf_vanilla_transformer.data.corpora import hold_out, load_corpus
-from hf_vanilla_transformer.evaluation.translation import evaluate_translations, load_translator
+from hf_vanilla_transformer.evaluation.metrics import compute_bleu
+from hf_vanilla_transformer.evaluation.translation import load_translator, translate, translate_each_alpha
 from hf_vanilla_transformer.training.recipes import parse_run
 
 
@@ -28,30 +35,59 @@ def held_out_splits(validation_pairs: int | None = 200) -> dict:
     return {"validation": validation, "test": corpus["test"]}
 
 
-def beam_bleu(model, tokenizer, splits: dict, alpha: float) -> dict:
-    """{"<split>_bleu": sacreBLEU} of `model` on each of `splits`, beam 4 at length penalty `alpha`."""
-    row = {}
+def beam_bleu(model, tokenizer, splits: dict, alphas: list[float]) -> dict[float, dict]:
+    """{alpha: {"<split>_bleu": sacreBLEU}} of `model` on each of `splits`, beam 4, one search per split."""
+    rows: dict[float, dict] = {alpha: {} for alpha in alphas}
     for name, pairs in splits.items():
-        scores, _ = evaluate_translations(
-            model, tokenizer, list(pairs["source"]), list(pairs["target"]), num_beams=4, length_penalty=alpha,
-            progress=False,
-        )  # fmt: skip
-        row[f"{name}_bleu"] = round(scores["score"], 2)
-    return row
+        translations = translate_each_alpha(
+            model, tokenizer, list(pairs["source"]), alphas, num_beams=4, progress=False
+        )
+        for alpha in alphas:
+            score = compute_bleu(translations[alpha], list(pairs["target"]))["score"]
+            rows[alpha][f"{name}_bleu"] = round(score, 2)
+    return rows
+
+
+def time_searches(model, tokenizer, splits: dict, alphas: list[float], rounds: int = 2) -> list[dict]:
+    """Per split: seconds of the choice of α decoded once per α (`translate`) and in one search
+    (`translate_each_alpha`), in turns, the fastest of `rounds` each; and whether their translations are the same."""
+    rows = []
+    for name, pairs in splits.items():
+        sources = list(pairs["source"])
+        seconds = {"per_alpha": [], "one_search": []}
+        for _ in range(rounds):
+            started = time.perf_counter()
+            each = {alpha: translate(model, tokenizer, sources, num_beams=4, length_penalty=alpha, progress=False)
+                    for alpha in alphas}  # fmt: skip
+            seconds["per_alpha"].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            together = translate_each_alpha(model, tokenizer, sources, alphas, num_beams=4, progress=False)
+            seconds["one_search"].append(time.perf_counter() - started)
+        best = {way: min(times) for way, times in seconds.items()}
+        rows.append({
+            "split": name, "sentences": len(sources), "alphas": alphas,
+            "per_alpha_seconds": round(best["per_alpha"], 2), "one_search_seconds": round(best["one_search"], 2),
+            "ratio": round(best["per_alpha"] / best["one_search"], 2), "same_translations": each == together,
+        })  # fmt: skip
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("folders", nargs="+")
-    parser.add_argument("--alphas", default="2.0,2.5,3.0")
+    parser.add_argument("--alphas", default="0.6,1.0,1.5,2.0,2.5,3.0")
+    parser.add_argument("--time_searches", action="store_true", help="time one search against one per alpha")
     flags = parser.parse_args()
+    alphas = [float(value) for value in flags.alphas.split(",")]
     splits = held_out_splits()
     for folder in flags.folders:
         model, tokenizer = load_translator(folder)
-        for alpha in (float(value) for value in flags.alphas.split(",")):
-            print(
-                json.dumps({"folder": folder, "alpha": alpha, **beam_bleu(model, tokenizer, splits, alpha)}), flush=True
-            )
+        if flags.time_searches:
+            for row in time_searches(model, tokenizer, {"validation": splits["validation"]}, alphas):
+                print(json.dumps({"folder": folder, **row}), flush=True)
+            continue
+        for alpha, row in beam_bleu(model, tokenizer, splits, alphas).items():
+            print(json.dumps({"folder": folder, "alpha": alpha, **row}), flush=True)
 
 
 if __name__ == "__main__":

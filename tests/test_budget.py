@@ -557,7 +557,7 @@ def test_the_train_script_ends_a_bad_recipe_or_data_file_with_one_line(tmp_path)
 REFIT_RULES = BudgetRules(
     events=EventRule(checkpoints_per_run=12, evaluations_per_run=6, save_steps=1000, eval_steps=None),
     validates=True,
-    # the test pairs, and the validation pairs once per alpha
+    # the test pairs and 600 more (three alphas decoded one by one, as before `costs.alpha_searches`)
     held_out=HeldOut(validation_pairs=200, test_sentences=1152 + 3 * 200, test_beams=4),
     room=ReplanRoom(max_updates=None, first_check=125),
 )
@@ -945,3 +945,27 @@ def test_a_recorded_plan_keeps_its_peak_and_fills_an_older_ones_with_the_width_o
     # The recipe's 1.98e-3 for small (d_model 256) at 2,048 tokens, at 1,024 tokens, for compact's width.
     assert completed.schedule.peak_learning_rate == pytest.approx(1.9764e-3 / 2**0.5 * (256 / 192) ** 0.5, rel=1e-4)
     assert completed.choice.gradient_accumulation_steps == 1
+
+
+def test_the_plan_sets_aside_one_decoding_of_the_validation_pairs_for_every_alpha_together():
+    """The choice of alpha decodes the validation pairs once for all its alphas (`translate_each_alpha`), so the plan
+    counts them once beside the test split, not once per alpha; none where nothing is chosen."""
+    import types
+
+    from hf_vanilla_transformer.training.budget.planner import run_rules
+
+    recipe = types.SimpleNamespace(
+        test_beams=4,
+        checkpoints_per_run=12,
+        evaluations_per_run=6,
+        source_check="stop",
+        min_updates=4000,
+        max_epochs=20,
+    )
+    args = types.SimpleNamespace(generation_num_beams=1, save_steps=500, eval_steps=None)
+    data = types.SimpleNamespace(evaluation=list(range(500)), test=list(range(1152)))
+    for alphas, sentences in (((0.6, 1.0, 1.5), 1152 + 500), ((0.6, 1.0, 1.5, 2.0, 3.0), 1152 + 500), ((), 1152)):
+        settings = types.SimpleNamespace(recipe=recipe, args=args, validates=True, alphas=alphas, size_min_updates={})
+        assert run_rules(settings, data).held_out.test_sentences == sentences, alphas
+    no_validation = types.SimpleNamespace(evaluation=None, test=list(range(1152)))
+    assert run_rules(settings, no_validation).held_out.test_sentences == 1152

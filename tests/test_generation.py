@@ -340,3 +340,96 @@ def test_save_load_and_remote_code_keep_the_defaults(tmp_path):
     assert remote["defaults"] == (4, 0.6, "gnmt", 50, True)
     assert torch.equal(remote["sequences"], expected.sequences)
     assert torch.allclose(remote["scores"], expected.sequences_scores)
+
+
+class SentenceBigrams(LogitsProcessor):
+    """A fixed random bigram table per sentence on top of a tiny model's logits, and an end that comes early for
+    some prefixes and not for others: sentences that differ and end at different lengths, where the length penalty
+    decides which of a sentence's finished hypotheses wins (a random tiny model alone decodes every source alike)."""
+
+    def __init__(self, beams: int = 4, bonus: float = 3.0):
+        self.beams, self.bonus = beams, bonus
+        self.table = torch.randn(200, 200, generator=torch.Generator().manual_seed(0)) * 2.0
+
+    def __call__(self, input_ids, scores):
+        sentence = torch.arange(input_ids.shape[0]) // self.beams
+        scores = scores + self.table[(input_ids[:, -1] + 7 * sentence) % 200, : scores.shape[1]]
+        ends = ((input_ids.sum(-1) + sentence) % 3 == 0) & (input_ids.shape[1] > 2)
+        scores[:, EOS] += torch.where(ends, self.bonus, -3.0)
+        scores[:, PAD] = -float("inf")
+        return scores
+
+
+def up_to_the_end(row: torch.Tensor) -> list[int]:
+    """A generated row without the padding after its </s> (a row with none is as long as the longest)."""
+    tokens = row.tolist()
+    return tokens[: tokens.index(EOS, 1) + 1] if EOS in tokens[1:] else tokens
+
+
+ALPHAS = [0.0, 0.6, 1.0, 1.5, 3.0]
+
+
+@pytest.mark.parametrize("penalty_type", ["gnmt", "hf"])
+def test_one_beam_search_finishes_what_every_alpha_would_choose(penalty_type):
+    """With early stopping (§6.1) alpha ranks a sentence's finished hypotheses and changes nothing else: the best
+    under each alpha of what one search finished is what a search with that alpha returns, token for token."""
+    from hf_vanilla_transformer.model.decoding_vanilla_transformer import FinishedHypotheses
+
+    model = tiny_model(seed=3)
+    sources = random_ids(12, 7, seed=1)
+    sources[3, 4:] = PAD
+    sources[7, 2:] = PAD
+    decoding = dict(input_ids=sources, attention_mask=(sources != PAD).long(), num_beams=4, max_new_tokens=14)
+    decoding |= dict(length_penalty_type=penalty_type, logits_processor=LogitsProcessorList([SentenceBigrams()]))
+    searched = {alpha: model.generate(**decoding, length_penalty=alpha) for alpha in ALPHAS}
+    recorder = FinishedHypotheses()
+    model.generate(**decoding, length_penalty=0.6, finished_hypotheses=recorder)
+    for alpha in ALPHAS:
+        rescored = recorder.best_for(alpha, penalty_type, len(sources))
+        assert [tokens.tolist() for tokens in rescored] == [up_to_the_end(row) for row in searched[alpha]], alpha
+    # alpha decides here: some sentences change between each neighbouring pair of alphas
+    changed = [
+        sum(up_to_the_end(a) != up_to_the_end(b) for a, b in zip(searched[x], searched[y], strict=True))
+        for x, y in itertools.pairwise(ALPHAS)
+    ]
+    assert all(changed) and sum(changed) >= 5, changed
+
+
+def test_one_search_serves_every_alpha_only_with_early_stopping():
+    from hf_vanilla_transformer.model.decoding_vanilla_transformer import FinishedHypotheses
+
+    model = tiny_model(seed=3)
+    sources = random_ids(3, 5, seed=1)
+    recorder = FinishedHypotheses()
+    model.generate(input_ids=sources, num_beams=4, max_new_tokens=6, early_stopping=False, finished_hypotheses=recorder)
+    with pytest.raises(ValueError, match="early_stopping=False: one search serves every alpha only with"):
+        recorder.best_for(0.6, "gnmt", 3)
+    with pytest.raises(ValueError, match="finished_hypotheses records a beam search; num_beams=1 is greedy"):
+        model.generate(input_ids=sources, num_beams=1, max_new_tokens=6, finished_hypotheses=FinishedHypotheses())
+    unused = FinishedHypotheses()
+    unused.early_stopping = True
+    with pytest.raises(ValueError, match=r"sentences \[0, 1, 2\] finished no hypothesis"):
+        unused.best_for(0.6, "gnmt", 3)
+
+
+@pytest.mark.parametrize("early_stopping", [True, False])
+def test_translating_for_each_alpha_gives_each_alphas_own_translations(early_stopping):
+    """`translate_each_alpha` (the run's choice of alpha: one search, every alpha) against `translate()` with each
+    alpha, through the real tokenizer and batching; without early stopping it decodes each alpha on its own."""
+    from hf_vanilla_transformer.evaluation.translation import translate, translate_each_alpha
+
+    from conftest import word_tokenizer
+
+    words = [f"w{i}" for i in range(60)]
+    tokenizer = word_tokenizer(words)
+    model = tiny_model(seed=3, vocab_size=len(tokenizer))
+    sentences = [" ".join(words[i : i + 2 + i % 5]) for i in range(0, 40, 3)] + ["", "w7"]
+    kwargs = dict(progress=False, max_sentences=5, early_stopping=early_stopping, max_new_tokens=12)
+    kwargs["logits_processor"] = LogitsProcessorList([SentenceBigrams()])
+    each = translate_each_alpha(model, tokenizer, sentences, ALPHAS, **kwargs)
+    assert list(each) == ALPHAS
+    for alpha in ALPHAS:
+        assert each[alpha] == translate(model, tokenizer, sentences, length_penalty=alpha, **kwargs), alpha
+    assert each[0.0] != each[3.0] and each[0.0][-2] == ""
+    with pytest.raises(ValueError, match="takes its alphas in `alphas`, not `length_penalty`"):
+        translate_each_alpha(model, tokenizer, sentences, ALPHAS, length_penalty=0.6)

@@ -125,10 +125,11 @@ def test_bf16_is_offered_where_the_gpu_has_it_natively_not_emulated(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", bf16_supported)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
     assert device_module.device_precisions(torch.device("cuda")) == ["fp16", "fp32"] and asked == [False]
-    # From Ampere on: bf16 where native, and tf32, not fp32 (the same with slower matrix products).
+    # From Ampere on: bf16 where native, not fp16 beside it (an H200 chose fp16 for a few percent and big trained in
+    # it never read its source), and tf32, not fp32 (the same with slower matrix products).
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    assert device_module.device_precisions(torch.device("cuda")) == ["bf16", "fp16", "tf32"]
+    assert device_module.device_precisions(torch.device("cuda")) == ["bf16", "tf32"]
 
 
 def test_the_gpu_recipe_follows_the_papers_schedule_at_every_batch_size_and_a_short_run_keeps_its_peak(tmp_path):
@@ -341,10 +342,20 @@ def test_training_validation_and_translation_run_sdpa_without_cudnns_attention_o
         devices.append(torch.device(device).type)
         return without_cudnn_attention("cuda")
 
-    monkeypatch.setattr(translation, "_translate", lambda *args: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    def stand_in(*args):  # what _translate returns: {None: translations}, or {alpha: translations} for alphas
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return {key: [""] for key in (args[-1] or [None])}
+
+    monkeypatch.setattr(translation, "_translate", stand_in)
     monkeypatch.setattr(translation, "without_cudnn_attention", as_if_on_cuda)
     translation.translate(tiny_model(), None, ["a sentence"], progress=False)
     assert devices == ["cpu"] and seen == [False] and torch.backends.cuda.cudnn_sdp_enabled()
+    # the choice of alpha's one search too
+    assert translation.translate_each_alpha(tiny_model(), None, ["a sentence"], [0.6, 1.5], progress=False) == {
+        0.6: [""],
+        1.5: [""],
+    }
+    assert devices == ["cpu", "cpu"] and seen == [False, False] and torch.backends.cuda.cudnn_sdp_enabled()
     # The Trainer's validation, outside its training loop too (its decoding meets a new key length at every step).
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 

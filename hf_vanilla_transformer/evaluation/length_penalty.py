@@ -6,22 +6,21 @@ from __future__ import annotations
 
 from datasets import DatasetDict
 
-from .translation import evaluate_translations
+from .metrics import compute_bleu
+from .translation import translate_each_alpha
 
 
 def choose_length_penalty(
     model, tokenizer, sources: list[str], references: list[str], alphas: list[float], **translate_kwargs
 ) -> tuple[float, dict[float, float]]:
     """The GNMT α (§6.1: "chosen after experimentation on the development set") that gives the highest BLEU on
-    these development pairs with beam search: (the best α, {α: BLEU}). A tie keeps the earlier α of `alphas`."""
+    these development pairs with beam search: (the best α, {α: BLEU}). A tie keeps the earlier α of `alphas`. The
+    pairs are decoded once for all the α (`translate_each_alpha`: with early stopping, α only ranks what the search
+    finished), not once per α."""
     if not alphas:
         raise ValueError("choose_length_penalty needs at least one alpha to try.")
-    scores = {}
-    for alpha in alphas:
-        result, _ = evaluate_translations(
-            model, tokenizer, sources, references, tokenized_bleu=False, length_penalty=alpha, **translate_kwargs
-        )
-        scores[alpha] = result["score"]
+    translations = translate_each_alpha(model, tokenizer, sources, list(alphas), **translate_kwargs)
+    scores = {alpha: compute_bleu(translations[alpha], references, tokenized=False)["score"] for alpha in alphas}
     best = max(alphas, key=lambda alpha: (scores[alpha], -alphas.index(alpha)))
     return best, scores
 

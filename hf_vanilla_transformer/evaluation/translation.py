@@ -13,6 +13,7 @@ from transformers.generation import CompileConfig
 
 from ..data.batching import inference_batches
 from ..data.translation_bounds import TRANSLATION_MAX_TOKENS, check_max_tokens, encode_within
+from ..model.decoding_vanilla_transformer import FinishedHypotheses
 from ..utils.kernels import without_cudnn_attention
 from .metrics import compute_bleu
 
@@ -165,17 +166,78 @@ def translate(
     model.eval()
     try:
         with without_cudnn_attention(next(model.parameters()).device):  # a new key length at every step
+            translated = _translate(
+                model, tokenizer, sentences, max_tokens, max_sentences, progress, compile, generate_kwargs, None
+            )
+        return translated[None]
+    finally:
+        model.train(training)
+
+
+@torch.no_grad()
+def translate_each_alpha(
+    model,
+    tokenizer,
+    sentences: list[str],
+    alphas: list[float],
+    max_tokens: int = TRANSLATION_MAX_TOKENS,
+    max_sentences: int = 128,
+    progress: bool = True,
+    compile: str = "auto",
+    **generate_kwargs,
+) -> dict[float, list[str]]:
+    """`translate(..., length_penalty=alpha)` for each of `alphas`, from one beam search where the call's
+    `early_stopping` is True (the model's default, §6.1): alpha then only ranks the hypotheses a sentence finished,
+    and each alpha's translation is the best of them under it (`FinishedHypotheses`), the same tokens as a search of
+    its own. Under another `early_stopping` rule, and for greedy search (where alpha changes nothing), each alpha is
+    decoded on its own. {alpha: translations in input order}."""
+    if not alphas:
+        raise ValueError("translate_each_alpha needs at least one alpha.")
+    if "length_penalty" in generate_kwargs:
+        raise ValueError("translate_each_alpha takes its alphas in `alphas`, not `length_penalty`.")
+    config = model.generation_config
+    beams = generate_kwargs.get("num_beams", config.num_beams) or 1
+    early_stopping = generate_kwargs.get("early_stopping", config.early_stopping)
+    one_search = beams > 1 and early_stopping is True and generate_kwargs.get("num_return_sequences", 1) == 1
+    if not one_search or generate_kwargs.get("do_sample", config.do_sample):
+        common = dict(max_tokens=max_tokens, max_sentences=max_sentences, progress=progress, compile=compile)
+        return {
+            alpha: translate(model, tokenizer, sentences, **common, length_penalty=alpha, **generate_kwargs)
+            for alpha in alphas
+        }
+    check_max_tokens(max_tokens)
+    training = model.training
+    model.eval()
+    try:
+        with without_cudnn_attention(next(model.parameters()).device):
             return _translate(
-                model, tokenizer, sentences, max_tokens, max_sentences, progress, compile, generate_kwargs
+                model,
+                tokenizer,
+                list(sentences),
+                max_tokens,
+                max_sentences,
+                progress,
+                compile,
+                generate_kwargs,
+                list(alphas),
             )
     finally:
         model.train(training)
 
 
-def _translate(model, tokenizer, sentences, max_tokens, max_sentences, progress, compile, generate_kwargs) -> list[str]:
+def _translate(
+    model, tokenizer, sentences, max_tokens, max_sentences, progress, compile, generate_kwargs, alphas
+) -> dict[float | None, list[str]]:
+    """The translations of `sentences`: {None: ...} as the call's arguments decode them, or with `alphas`, one beam
+    search recorded (`FinishedHypotheses`) and {alpha: ...} the best of each sentence's finished hypotheses under
+    each alpha."""
     texts = [i for i, sentence in enumerate(sentences) if sentence.strip()]  # the sentences to translate
     encoded = encode_within(lambda chunk: tokenizer(chunk)["input_ids"], sentences, texts, max_tokens)
-    outputs: list[str] = [""] * len(sentences)
+    keys = alphas if alphas is not None else [None]
+    outputs: dict[float | None, list[str]] = {key: [""] * len(sentences) for key in keys}
+    penalty_type = generate_kwargs.get(
+        "length_penalty_type", getattr(model.generation_config, "length_penalty_type", None)
+    )
     device = next(model.parameters()).device
     compiled = compile_pays(compile, device, len(texts))
     bar = tqdm(total=len(sentences), desc="translating", unit="sent", disable=not progress)
@@ -184,9 +246,16 @@ def _translate(model, tokenizer, sentences, max_tokens, max_sentences, progress,
         for batch in inference_batches([len(ids) for ids in encoded], max_tokens, max_sentences):
             step = SHAPE_STEP if compiled else 1
             features, lengths = batch_features(model, tokenizer, [encoded[i] for i in batch], step, generate_kwargs)
-            generated = model.generate(**features.to(device), **extra, **lengths, **generate_kwargs)
-            for index, text in zip(batch, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
-                outputs[texts[index]] = text.strip()
+            recorded = {}
+            if alphas is not None:
+                recorded = {"finished_hypotheses": FinishedHypotheses(), "length_penalty": alphas[0]}
+            generated = model.generate(**features.to(device), **extra, **lengths, **generate_kwargs, **recorded)
+            for key in keys:
+                if key is not None:
+                    generated = recorded["finished_hypotheses"].best_for(key, penalty_type or "hf", len(batch))
+                decoded = tokenizer.batch_decode(generated, skip_special_tokens=True)
+                for index, text in zip(batch, decoded, strict=True):
+                    outputs[key][texts[index]] = text.strip()
             bar.update(len(batch))
     bar.close()
     return outputs

@@ -30,8 +30,72 @@ class GnmtAlpha(float):
     it, and nothing is stored on the model: nested or concurrent `generate()` calls keep their own rules.
     """
 
+    recorder = None  # a `FinishedHypotheses` that keeps every hypothesis this call finishes (None: none)
+
     def __repr__(self) -> str:
         return f"GnmtAlpha({float(self)!r})"
+
+    def __copy__(self):  # the generation config is deep-copied: the recorder must stay the caller's
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class RecordedAlpha(float):
+    """transformers' |Y|^alpha penalty (`length_penalty_type="hf"`) for a call that records what it finishes."""
+
+    recorder = None
+    __copy__, __deepcopy__ = GnmtAlpha.__copy__, GnmtAlpha.__deepcopy__
+
+
+class FinishedHypotheses:
+    """Every hypothesis a beam search finishes while its sentence still takes one, with its log-probability and
+    length, so that one search serves every alpha (`best_for`): `generate(..., finished_hypotheses=recorder)`.
+
+    With `early_stopping=True` (§6.1's "terminate early when possible", the model's default) alpha changes nothing
+    of the search but the ranking of finished hypotheses: the running beams are the best by log-probability, the
+    hypotheses that finish are the top beams that end, and a sentence stops once it has `num_beams` of them, whatever
+    their scores. Its result under any alpha is then the best under that alpha of what it finished. Under other
+    `early_stopping` rules alpha decides when a sentence stops, and one search serves only its own alpha.
+    """
+
+    def __init__(self):
+        self.parts: list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]] = []  # rows, log-probs, length, ids
+        self.early_stopping = None
+
+    def add(self, kwargs: dict) -> None:
+        """Keep the hypotheses `_update_finished_beams` is offered at this step (`kwargs`: its arguments) that it
+        may keep: the top beams that just ended, of sentences that still take one."""
+        self.early_stopping = kwargs["early_stopping"]
+        ended = kwargs["next_token_hits_stopping_criteria"] & kwargs["top_num_beam_mask"][None, :]
+        ended = ended & kwargs["is_early_stop_heuristic_unsatisfied"]
+        if kwargs["early_stopping"] is True:
+            ended = ended & ~kwargs["is_sent_finished"].all(dim=-1, keepdim=True)
+        rows, columns = ended.nonzero(as_tuple=True)
+        if rows.numel():
+            end = kwargs["cur_len"] + 1
+            log_probs = kwargs["topk_log_probs"][rows, columns].float()
+            ids = kwargs["topk_running_sequences"][rows, columns, :end]
+            self.parts.append((rows.cpu(), log_probs.cpu(), end - kwargs["decoder_prompt_len"], ids.cpu()))
+
+    def best_for(self, alpha: float, penalty_type: str, sentences: int) -> list[torch.Tensor]:
+        """Each sentence's best finished hypothesis under `alpha` with the `penalty_type` ("gnmt" or "hf") length
+        penalty: its token ids, the decoder prompt included, as `generate()` returns it (before padding)."""
+        if self.early_stopping is not True:
+            raise ValueError(
+                f"early_stopping={self.early_stopping!r}: one search serves every alpha only with early_stopping=True."
+            )
+        best: list[tuple[float, torch.Tensor] | None] = [None] * sentences
+        for rows, log_probs, length, ids in self.parts:
+            penalty = gnmt_length_penalty(length, alpha) if penalty_type == "gnmt" else float(length) ** alpha
+            for row, score, tokens in zip(rows.tolist(), (log_probs / penalty).tolist(), ids, strict=True):
+                if best[row] is None or score > best[row][0]:
+                    best[row] = (score, tokens)
+        missing = [row for row, found in enumerate(best) if found is None]
+        if missing:
+            raise ValueError(f"sentences {missing} finished no hypothesis: was this recorder given to generate()?")
+        return [tokens for _, tokens in best]
 
 
 class RelativeMaxLengthCriteria(StoppingCriteria):
@@ -125,6 +189,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         inside another `generate()` of the same model (a logits processor, a callback, assisted decoding).
         """
         rules = {name: kwargs.pop(name) for name in ("relative_max_length", "length_penalty_type") if name in kwargs}
+        recorder = kwargs.pop("finished_hypotheses", None)
         # 1. The configuration this call runs with (the model's defaults < `generation_config` < keyword arguments).
         config, _ = self._prepare_generation_config(generation_config, **kwargs)
         relative = rules.get("relative_max_length", getattr(config, "relative_max_length", None))
@@ -148,9 +213,14 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
             if not user_cap:
                 kwargs["max_new_tokens"] = int(limits.max())
 
-        # 3. GNMT's length penalty in beam search, carried by the value of this call's `length_penalty`.
-        if penalty_type == "gnmt" and config.num_beams > 1:
-            kwargs["length_penalty"] = GnmtAlpha(config.length_penalty if config.length_penalty is not None else 1.0)
+        # 3. GNMT's length penalty in beam search, carried by the value of this call's `length_penalty`, and with it
+        # the recorder of the hypotheses it finishes where one is given (`FinishedHypotheses`).
+        if config.num_beams > 1 and (penalty_type == "gnmt" or recorder is not None):
+            alpha = config.length_penalty if config.length_penalty is not None else 1.0
+            kwargs["length_penalty"] = (GnmtAlpha if penalty_type == "gnmt" else RecordedAlpha)(alpha)
+            kwargs["length_penalty"].recorder = recorder
+        elif recorder is not None:
+            raise ValueError(f"finished_hypotheses records a beam search; num_beams={config.num_beams} is greedy.")
         return super().generate(
             inputs,
             generation_config=generation_config,
@@ -245,6 +315,10 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
     def _update_finished_beams(self, **kwargs):
         # GNMT: finished hypotheses are ranked by log P(Y) / ((5 + |Y|) / 6)^alpha; HF would divide by |Y|^alpha.
         alpha = kwargs["length_penalty"]
+        if getattr(alpha, "recorder", None) is not None:
+            alpha.recorder.add(kwargs)
+        if isinstance(alpha, RecordedAlpha):
+            kwargs["length_penalty"] = float(alpha)
         if isinstance(alpha, GnmtAlpha):
             length = kwargs["cur_len"] + 1 - kwargs["decoder_prompt_len"]
             kwargs["topk_log_probs"] = kwargs["topk_log_probs"] / gnmt_length_penalty(length, float(alpha))
@@ -255,6 +329,8 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         # The same bound as HF's, with GNMT's penalty: for early_stopping="never" the best a running hypothesis can
         # still reach is its score divided by lp(longest allowed length), as in tensor2tensor's `stop_early`.
         alpha = kwargs["length_penalty"]
+        if isinstance(alpha, RecordedAlpha):
+            kwargs["length_penalty"] = float(alpha)
         if isinstance(alpha, GnmtAlpha):
             longest = kwargs["early_stopping"] == "never" and alpha > 0.0
             length = (kwargs["max_length"] if longest else kwargs["cur_len"]) - kwargs["decoder_prompt_len"]

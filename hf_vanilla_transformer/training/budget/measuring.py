@@ -214,13 +214,14 @@ def measure_decoding(inputs: PlanInputs, model, measurement: Measurement) -> tup
     return step, measure_decode_step(model, batch, 1, precision, attention, device)
 
 
-def decoding_on_gpu(rules: BudgetRules, data, alphas: int, device, eval_batch: int, world_size: int) -> BudgetRules:
-    """The rules with a GPU's decoding steps: the test split's with the validation's once per alpha, a validation's
+def decoding_on_gpu(rules: BudgetRules, data, searches: int, device, eval_batch: int, world_size: int) -> BudgetRules:
+    """The rules with a GPU's decoding steps: the test split's with the validation's `searches` times (the choice of
+    alpha's: `costs.alpha_searches`), a validation's
     in the Trainer's batches of `eval_batch` sentences over `world_size` processes, and the batch on `device` a
     step's latency is measured on."""
     batch, test = median_batch(data.tokenizer, list(data.test["source"]), device)
     validation = [len(ids) for ids in data.evaluation["input_ids"]] if data.evaluation is not None else []
-    steps = decoding_steps(test) + alphas * decoding_steps(validation)
+    steps = decoding_steps(test) + searches * decoding_steps(validation)
     during = validation_decoding_steps(validation, eval_batch, world_size)
     return replace(rules, steps=replace(rules.steps, test_steps=steps, validation_steps=during, batch=batch))
 

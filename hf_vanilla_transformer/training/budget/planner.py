@@ -25,7 +25,7 @@ from ...utils.distributed import main_process_value, result_or_error
 from ...utils.machine import describe_device
 from .calibration import Measurement, Timing
 from .clock import BudgetClock, BudgetError
-from .costs import BudgetFit, BudgetRules, HeldOut
+from .costs import BudgetFit, BudgetRules, HeldOut, alpha_searches
 from .fitting import PlanInputs, epoch_updates, fit, may_reach, per_update, rank, replan_rules, update_timing
 from .measuring import Sized, calibration_of, decoding_on_gpu, measure_size, measure_update
 from .plan import Budgeted, BudgetPlan
@@ -91,8 +91,8 @@ def plan_inputs(settings, data, clock: BudgetClock, build=None, trainer_class=No
     steps it will take and the batch a step's latency is measured on."""
     rules = run_rules(settings, data)
     if settings.device.type == "cuda":
-        eval_batch, alphas = settings.args.per_device_eval_batch_size, len(settings.alphas)
-        rules = decoding_on_gpu(rules, data, alphas, settings.device, eval_batch, settings.world_size)
+        eval_batch, searches = settings.args.per_device_eval_batch_size, alpha_searches(len(settings.alphas))
+        rules = decoding_on_gpu(rules, data, searches, settings.device, eval_batch, settings.world_size)
     presets = tuple(settings.presets if build is not None else settings.presets[:1])
     return PlanInputs(settings, data, clock, rules, presets, pad_multiple(settings.device), build, trainer_class)
 
@@ -104,7 +104,7 @@ def run_rules(settings, data) -> BudgetRules:
     validation = len(data.evaluation) if data.evaluation is not None else None
     held_out = HeldOut(
         validation_pairs=validation or 0,
-        test_sentences=len(data.test) + (len(settings.alphas) * validation if validation is not None else 0),
+        test_sentences=len(data.test) + (alpha_searches(len(settings.alphas)) * validation if validation else 0),
         test_beams=recipe.test_beams,
         validation_beams=args.generation_num_beams or 1,
         source_check=recipe.source_check != "off",
