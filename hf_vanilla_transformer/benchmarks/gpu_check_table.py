@@ -9,8 +9,8 @@ five and a half):
 * the plan costs at most 45 seconds and chooses bf16 and base or big;
 * the plan's seconds per update within 10% of the Trainer's measured ones, over at least 200 updates;
 * the main job's training tokens/s at least 80% of the benchmark's training step of the same model, batch and dtype;
-* compiled greedy and beam-4 decoding at least 2x MarianMTModel eager; compiled training at least 1.3x (base; the main job's
-  size measured eager where it is another);
+* compiled greedy and beam-4 decoding at least 2x MarianMTModel eager; compiled training at least 1.3x (base; the
+  main job's size measured eager where it is another);
 * the source check's last gain at least its own threshold (0.1 nats per token), where that validation came after
   the warmup (as the check itself judges);
 * test BLEU at least 40 on the help corpus's test split.

@@ -155,23 +155,8 @@ def translate(
     tokens are the same either way. The model runs in eval mode and is left in the mode it was given in. A sentence
     that alone holds more than `max_tokens` tokens is refused before any decoding (data/translation_bounds.py).
     """
-    check_max_tokens(max_tokens)
-    if isinstance(sentences, str):
-        raise TypeError("translate() takes a list of sentences; wrap a single one in a list.")
-    sentences = list(sentences)
-    for sentence in sentences:
-        if not isinstance(sentence, str):
-            raise TypeError(f"translate() takes a list of strings; got a {type(sentence).__name__}: {sentence!r:.80}.")
-    training = model.training
-    model.eval()
-    try:
-        with without_cudnn_attention(next(model.parameters()).device):  # a new key length at every step
-            translated = _translate(
-                model, tokenizer, sentences, max_tokens, max_sentences, progress, compile, generate_kwargs, None
-            )
-        return translated[None]
-    finally:
-        model.train(training)
+    arguments = (max_tokens, max_sentences, progress, compile, generate_kwargs)
+    return _translate_checked(model, tokenizer, sentences, *arguments, None)[None]
 
 
 @torch.no_grad()
@@ -199,28 +184,35 @@ def translate_each_alpha(
     beams = generate_kwargs.get("num_beams", config.num_beams) or 1
     early_stopping = generate_kwargs.get("early_stopping", config.early_stopping)
     one_search = beams > 1 and early_stopping is True and generate_kwargs.get("num_return_sequences", 1) == 1
+    arguments = (max_tokens, max_sentences, progress, compile)
     if not one_search or generate_kwargs.get("do_sample", config.do_sample):
-        common = dict(max_tokens=max_tokens, max_sentences=max_sentences, progress=progress, compile=compile)
         return {
-            alpha: translate(model, tokenizer, sentences, **common, length_penalty=alpha, **generate_kwargs)
+            alpha: _translate_checked(
+                model, tokenizer, sentences, *arguments, {**generate_kwargs, "length_penalty": alpha}, None
+            )[None]
             for alpha in alphas
         }
+    return _translate_checked(model, tokenizer, sentences, *arguments, generate_kwargs, list(alphas))
+
+
+def _translate_checked(
+    model, tokenizer, sentences, max_tokens, max_sentences, progress, compile, generate_kwargs, alphas
+) -> dict[float | None, list[str]]:
+    """`_translate` once the arguments are checked, in eval mode (the model left in the mode it was given in) and
+    without cuDNN's attention (a new key length at every step)."""
     check_max_tokens(max_tokens)
+    if isinstance(sentences, str):
+        raise TypeError("translate() takes a list of sentences; wrap a single one in a list.")
+    sentences = list(sentences)
+    for sentence in sentences:
+        if not isinstance(sentence, str):
+            raise TypeError(f"translate() takes a list of strings; got a {type(sentence).__name__}: {sentence!r:.80}.")
     training = model.training
     model.eval()
     try:
         with without_cudnn_attention(next(model.parameters()).device):
-            return _translate(
-                model,
-                tokenizer,
-                list(sentences),
-                max_tokens,
-                max_sentences,
-                progress,
-                compile,
-                generate_kwargs,
-                list(alphas),
-            )
+            arguments = (max_tokens, max_sentences, progress, compile, generate_kwargs, alphas)
+            return _translate(model, tokenizer, sentences, *arguments)
     finally:
         model.train(training)
 
@@ -235,9 +227,8 @@ def _translate(
     encoded = encode_within(lambda chunk: tokenizer(chunk)["input_ids"], sentences, texts, max_tokens)
     keys = alphas if alphas is not None else [None]
     outputs: dict[float | None, list[str]] = {key: [""] * len(sentences) for key in keys}
-    penalty_type = generate_kwargs.get(
-        "length_penalty_type", getattr(model.generation_config, "length_penalty_type", None)
-    )
+    configured = getattr(model.generation_config, "length_penalty_type", None)
+    penalty_type = generate_kwargs.get("length_penalty_type", configured) or "hf"  # generate()'s default
     device = next(model.parameters()).device
     compiled = compile_pays(compile, device, len(texts))
     bar = tqdm(total=len(sentences), desc="translating", unit="sent", disable=not progress)
@@ -252,7 +243,7 @@ def _translate(
             generated = model.generate(**features.to(device), **extra, **lengths, **generate_kwargs, **recorded)
             for key in keys:
                 if key is not None:
-                    generated = recorded["finished_hypotheses"].best_for(key, penalty_type or "hf", len(batch))
+                    generated = recorded["finished_hypotheses"].best_for(key, penalty_type, len(batch))
                 decoded = tokenizer.batch_decode(generated, skip_special_tokens=True)
                 for index, text in zip(batch, decoded, strict=True):
                     outputs[key][texts[index]] = text.strip()

@@ -137,8 +137,8 @@ def alpha_searches(alphas: int) -> int:
 @dataclass(frozen=True)
 class HeldOut:
     """The held-out work a budgeted run predicts: the validation pairs and the sentences decoded after training (the
-    test pairs, and the validation pairs once for the choice of alpha: `alpha_searches`), the beams of each, and whether a validation runs the
-    source check's two more loss passes."""
+    test pairs, and the validation pairs once for the choice of alpha: `alpha_searches`), the beams of each, and
+    whether a validation runs the source check's two more loss passes."""
 
     validation_pairs: int = 0
     test_sentences: int = 0
