@@ -17,6 +17,7 @@ import pytest
 import torch
 from transformers import TrainerControl, TrainerState
 
+from hf_vanilla_transformer.sharing.plots import attention_map_panels
 from hf_vanilla_transformer.training.arguments import (
     ModelDataArguments,
     TransformerTrainingArguments,
@@ -24,7 +25,7 @@ from hf_vanilla_transformer.training.arguments import (
 )
 from hf_vanilla_transformer.training.averaging import choose_checkpoints, validation_losses
 from hf_vanilla_transformer.training.budget.calibration import measure_updates
-from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, BudgetClock
+from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, BudgetClock, finishing_seconds
 from hf_vanilla_transformer.training.budget.costs import (
     BudgetRules,
     HeldOut,
@@ -267,7 +268,7 @@ def _small_or_tiny(**overrides) -> ModelDataArguments:
 
 @pytest.mark.parametrize(("min_updates", "chosen"), [pytest.param(1, "small", marks=pytest.mark.slow), (10**9, "tiny")])
 def test_a_smaller_preset_is_trained_where_the_recipes_does_not_reach_its_updates(tmp_path, min_updates, chosen):
-    recipe = _small_or_tiny(min_updates=min_updates, max_minutes=30)
+    recipe = _small_or_tiny(min_updates=min_updates, max_minutes=30, checkpoints_per_run=4)
     args = TransformerTrainingArguments(
         output_dir=str(tmp_path / "run"), warmup_steps=10, seed=3, use_cpu=True, disable_tqdm=True
     )
@@ -287,6 +288,12 @@ def test_a_smaller_preset_is_trained_where_the_recipes_does_not_reach_its_update
     )
     assert plan.record.trial["trainer_seconds"] > 0 and plan.update.trainer_ratio != 1.0
     assert plan.choice.max_tokens == (1024 if chosen == "small" else 512)  # none reaches: the smallest of each choice
+    # The deadline keeps the chosen model's own finishing (its measured checkpoint, the recipe's averaging), not
+    # the margin kept before the plan had a model: the first re-plan gives the rest to training.
+    clock, panels = run.training.budget.clock, attention_map_panels(trainer.model.config)
+    assert plan.costs.checkpoint_seconds > 0 and panels == (3 * 4 if chosen == "small" else 2 * 4)
+    assert clock.finishing == finishing_seconds(plan.costs.checkpoint_seconds, recipe.average_last, panels)
+    assert clock.finishing < FINISHING_SECONDS
     # The model trained is the chosen preset's, with the initial weights the seed gives it when asked for directly.
     direct = build_model(dataclasses.replace(recipe, preset=chosen, preset_choices=None), tokenizer, seed=3)
     assert trainer.model.config.d_model == direct.config.d_model
@@ -557,7 +564,7 @@ def test_the_train_script_ends_a_bad_recipe_or_data_file_with_one_line(tmp_path)
 REFIT_RULES = BudgetRules(
     events=EventRule(checkpoints_per_run=12, evaluations_per_run=6, save_steps=1000, eval_steps=None),
     validates=True,
-    # the test pairs and 600 more (three alphas decoded one by one, as before `costs.alpha_searches`)
+    # the test pairs and 600 more (three alphas decoded one by one, as before `planner.alpha_searches`)
     held_out=HeldOut(validation_pairs=200, test_sentences=1152 + 3 * 200, test_beams=4),
     room=ReplanRoom(max_updates=None, first_check=125),
 )

@@ -13,7 +13,14 @@ import torch
 
 from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
 from hf_vanilla_transformer.training.budget import BudgetError, BudgetPlan, apply_plan
-from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, RESTART_SECONDS, SAFETY, BudgetClock
+from hf_vanilla_transformer.training.budget.clock import (
+    FINISHING_SECONDS,
+    FOLDER_SECONDS,
+    RESTART_SECONDS,
+    SAFETY,
+    BudgetClock,
+    finishing_seconds,
+)
 from hf_vanilla_transformer.training.budget.deadline import events_due
 from hf_vanilla_transformer.training.budget.fitting import replan_bound
 from hf_vanilla_transformer.training.budget.schedule import RateRule, learning_rate
@@ -104,6 +111,25 @@ def test_the_time_left_is_one_formula_with_named_margins():
     assert BudgetClock(0.0, None).seconds_left() == float("inf")  # no budget
     with pytest.raises(ValueError, match="max_minutes=16.6667 leaves no time to train"):
         clock.check_setup({"corpus": {"seconds": 30.0}})
+    # Once the plan has measured its model's checkpoint, the finishing kept is that model's; a fine-tuning run's final
+    # check stays kept beside it, in either order.
+    now[0] = 100.0
+    finishing = finishing_seconds(0.5, 5)
+    assert finishing == FOLDER_SECONDS + 6 * 0.5 and finishing_seconds(0.5, 20) == FOLDER_SECONDS + 21 * 0.5
+    assert finishing_seconds(None, 5) == finishing_seconds(0.0, 5) == FINISHING_SECONDS  # none measured
+    # The attention maps grow with layers times heads: base's 6 x 8 panels keep four times the folder's seconds.
+    assert finishing_seconds(0.5, 5, map_panels=48) == 4 * FOLDER_SECONDS + 6 * 0.5
+    assert finishing_seconds(0.5, 5, map_panels=4) == finishing  # fewer panels than measured keep as many seconds
+    measured = clock.with_finishing(finishing)
+    assert measured.seconds_left() == 1000.0 - 60.0 - finishing
+    assert clock.seconds_left() == 1000.0 - 60.0 - FINISHING_SECONDS  # the clock it came from is left as it was
+    # A run that starts again with another model keeps the plan's margin until that model's is measured.
+    assert measured.seconds_left(restart=True) == 1000.0 - 60.0 - FINISHING_SECONDS - RESTART_SECONDS
+    larger = clock.with_finishing(45.0)
+    assert larger.seconds_left(restart=True) == 1000.0 - 60.0 - 45.0 - RESTART_SECONDS
+    checked = clock.with_final_check(40.0).with_finishing(finishing)
+    assert checked.seconds_left() == clock.with_finishing(finishing).with_final_check(40.0).seconds_left()
+    assert checked.seconds_left() == 1000.0 - 60.0 - finishing - 40.0
 
 
 def test_a_budget_spent_before_the_set_up_stops_the_run_before_the_corpus_is_read(tmp_path):

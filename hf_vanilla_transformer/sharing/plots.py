@@ -158,6 +158,13 @@ def plot_attention_grid(
     return _save(figure, path, dpi=100)
 
 
+def attention_map_panels(config) -> int:
+    """The panels of the largest of a model's three attention maps (`plot_attention_maps`): its layers times its
+    heads, in the encoder or the decoder."""
+    encoder = config.encoder_layers * config.encoder_attention_heads
+    return max(encoder, config.decoder_layers * config.decoder_attention_heads)
+
+
 def plot_attention(model, tokenizer, sentence: str, folder: str | Path, translation: str | None = None) -> list[Path]:
     """Encoder self-attention, decoder self-attention and cross-attention maps of `sentence`: three PNGs."""
     return plot_attention_maps(attention_maps(model, tokenizer, sentence, translation), folder)

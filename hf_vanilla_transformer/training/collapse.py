@@ -19,7 +19,7 @@ A model is judged only once it has seen `JUDGED_AFTER_EPOCHS` of its corpus: bef
 source has not begun to, it has not stopped (a 6-minute run on an AVX2 laptop, 252 updates, a quarter of an epoch,
 was failed as a collapse, with the advice to lower a rate that was not the cause). Measured on the LibreOffice
 corpus (`compact`, 925 updates an epoch): a gain of 0.002 nats at 0.22 epochs, 0.07 at 0.43, 0.24 at 0.65 and 1.37
-at 1.56 (docs/cpu_recipe.md, "The budget curve").
+at 1.56 (docs/cpu_recipe.md, "The recipe at other budgets").
 
 Measured on a tiny model (d_model 32) trained 200-300 updates on an artificial word-for-word language pair
 (tests/test_collapse.py): driven into the collapse (lr_scale 1.5) its gain stays within 0.001 of zero at every

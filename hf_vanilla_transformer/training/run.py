@@ -25,10 +25,11 @@ from pathlib import Path
 
 from transformers import TrainerState
 
+from ..sharing.plots import attention_map_panels
 from ..utils.distributed import leave_process_group, main_process_value
 from ..utils.locks import FolderInUseError, folder_lock
 from ..utils.stages import SetupClock
-from .budget import BudgetClock, Switch, TrainingEnd, make_plan, remove_plan
+from .budget import BudgetClock, Switch, TrainingEnd, finishing_seconds, make_plan, remove_plan
 from .building import Training, build_trainer
 from .checkpoints import checkpoint_folders, checkpoint_step, latest_checkpoint, validate_checkpoint
 from .finishing import finish_run
@@ -153,6 +154,10 @@ def prepare_training(
             budgeted.plan.choice.preset and budgeted.plan.choice.preset != settings.presets[0]
         ):  # the plan chose another size
             model = build_model(recipe, data.tokenizer, budgeted.plan.choice.preset, seed=seed)
+    # From here the averaging and the folder keep the chosen model's own seconds (its measured checkpoint), not the
+    # margin the plan kept before it had one: the first re-plan gives the difference to training.
+    checkpoint, panels = budgeted.plan.costs.checkpoint_seconds, attention_map_panels(model.config)
+    clock = clock.with_finishing(finishing_seconds(checkpoint, recipe.average_last, panels))
     return build_trainer(settings, budgeted, model, data, clock)
 
 

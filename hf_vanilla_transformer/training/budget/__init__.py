@@ -28,7 +28,7 @@ record.py         the plan on disk: budget.json and the plan in each checkpoint
 
 from .applying import apply_plan
 from .calibration import COMPILE_AFTER_MINUTES, COMPILE_AFTER_UPDATES, UpdateChoices, trainer_optimizer
-from .clock import BudgetClock, BudgetError
+from .clock import BudgetClock, BudgetError, finishing_seconds
 from .deadline import TimeBudgetCallback, TrainingEnd
 from .fitting import updates_per_epoch
 from .plan import Budgeted, BudgetPlan
@@ -52,6 +52,7 @@ __all__ = [
     "UpdateChoices",
     "apply_plan",
     "check_cooldown_fraction",
+    "finishing_seconds",
     "make_plan",
     "noam_schedule",
     "remove_plan",

@@ -4,6 +4,12 @@ Every part of a budgeted run that asks how much time is left (the set-up's check
 calibration's times, the deadline, the re-plans, a switch to another choice) asks `BudgetClock.seconds_left`, with
 the margins named here: what finishing the folder takes, what starting again costs, and the share of the rest that
 is planned into (the noise of a shared machine).
+
+What finishing takes is kept at `FINISHING_SECONDS` until the plan has measured a checkpoint of the model it chose;
+from then on it is that model's own (`finishing_seconds`): the averaging reads its last checkpoints and the folder
+writes it once more, each a part of a checkpoint's bytes, besides the plots, whose attention maps grow with the
+model's layers and heads. On the 2-core Xeon the whole of it took 2.4-3.6 s for `small` and `compact` (3 layers of
+4 heads) against 30 s kept (docs/budget_curve.md).
 """
 
 from __future__ import annotations
@@ -14,9 +20,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 
-FINISHING_SECONDS = 30.0  # averaging, the model folder, plots and card: after the test decoding
+FINISHING_SECONDS = 30.0  # averaging, the model folder, plots and card: after the test decoding, where not measured
+FOLDER_SECONDS = 10.0  # the folder's plots, card and tokenizer, and attention maps of up to ...
+FOLDER_MAP_PANELS = 12  # ... 12 panels a map (layers x heads): 2.1-3.3 s measured for 3 x 4 on a 2-core Xeon
 RESTART_SECONDS = 20.0  # what starting again with another choice costs (the data is cached): a model, a Trainer
 SAFETY = 0.97  # of the training time left, planned into: the rest is for the noise of a shared machine
+
+
+def finishing_seconds(
+    checkpoint_seconds: float | None, average_last: int, map_panels: int = FOLDER_MAP_PANELS
+) -> float:
+    """The seconds kept after the test decoding for a model whose checkpoint (weights and an Adam state) took
+    `checkpoint_seconds` to write and whose attention maps have `map_panels` panels (its layers times its heads):
+    `FOLDER_SECONDS` for each `FOLDER_MAP_PANELS` panels (at least once), and one checkpoint's time for each of the
+    `average_last` checkpoints the averaging reads and for the averaged model written, each about a third of a
+    checkpoint's bytes (a stop at the deadline saves its checkpoint out of this too). `FINISHING_SECONDS` where no
+    checkpoint was measured (None or 0: a run whose checkpoints are not spaced per run, a plan recorded before the
+    plan measured them)."""
+    if not checkpoint_seconds:
+        return FINISHING_SECONDS
+    folder = FOLDER_SECONDS * max(1.0, map_panels / FOLDER_MAP_PANELS)
+    return folder + (max(1, average_last) + 1) * checkpoint_seconds
 
 
 class BudgetError(ValueError):
@@ -26,12 +50,14 @@ class BudgetError(ValueError):
 @dataclass(frozen=True)
 class BudgetClock:
     """A run's budget of `seconds` (None: no budget), counted from `origin` on the monotonic clock `now`, with
-    `finishing` seconds kept after the test decoding (more where the run measures its model again at the end)."""
+    `finishing` seconds kept after the test decoding, and `final_check` more where a fine-tuning run measures its
+    model again at the end."""
 
     origin: float
     seconds: float | None
     now: Callable[[], float] = field(default=time.monotonic, compare=False)
     finishing: float = FINISHING_SECONDS
+    final_check: float = 0.0
 
     @classmethod
     def starting(cls, started: float, minutes: float | None) -> BudgetClock:
@@ -43,18 +69,27 @@ class BudgetClock:
     def with_final_check(self, seconds: float) -> BudgetClock:
         """This clock with `seconds` more kept at the end: a fine-tuning run's second measurement of its model on the
         validation pairs (`training/start.py`)."""
-        return replace(self, finishing=self.finishing + max(0.0, seconds))
+        return replace(self, final_check=self.final_check + max(0.0, seconds))
+
+    def with_finishing(self, seconds: float) -> BudgetClock:
+        """This clock with `seconds` kept for the averaging and the folder (`finishing_seconds` of the model the plan
+        chose) in place of `FINISHING_SECONDS`; a final check's seconds stay kept."""
+        return replace(self, finishing=max(0.0, seconds))
 
     def spent(self) -> float:
         return self.now() - self.origin
 
     def seconds_left(self, decode_seconds: float = 0.0, restart: bool = False, planned: bool = False) -> float:
         """The training seconds left: the budget less what is spent, the test decoding still to come
-        (`decode_seconds`), `finishing`, and `RESTART_SECONDS` for a run that starts again; with `planned`,
-        the `SAFETY` share of that (never below 0) that a plan fills. Without a budget: infinite."""
+        (`decode_seconds`), `finishing` and `final_check`, and for a run that starts again `RESTART_SECONDS` and at
+        least `FINISHING_SECONDS`; with `planned`, the `SAFETY` share of that (never below 0) that a plan fills.
+        Without a budget: infinite."""
         if self.seconds is None:
             return math.inf
-        left = self.seconds - self.spent() - decode_seconds - self.finishing - (RESTART_SECONDS if restart else 0.0)
+        # A run that starts again with another model keeps what the plan keeps before it has one (or this model's).
+        finishing = max(self.finishing, FINISHING_SECONDS) + RESTART_SECONDS if restart else self.finishing
+        kept = finishing + self.final_check
+        left = self.seconds - self.spent() - decode_seconds - kept
         return max(0.0, left) * SAFETY if planned else left
 
     def check_measuring(self) -> None:

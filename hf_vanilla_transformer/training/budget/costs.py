@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 # EPYC in bf16 (81).
 GREEDY_TOKENS_PER_SENTENCE = 47
 # A sentence with 4 beams, against a greedy one, as the main job meets it (the choice of alpha and the test split,
-# 1,752 beam-4 sentences, against the run's last validation): 2.33 and 2.88 on the Xeon (2026-11-25; 51.7 s and
-# 63.8 s); 1.7 on the Zen 5 (2026-11-26; 43.5 s). Beam 4 from greedy's 47 tokens: 141, as 1,152 test sentences
+# 1,752 beam-4 sentences when these were measured and the choice decoded once per alpha, 1,352 since it is one
+# search: `planner.alpha_searches`; against the run's last validation): 2.33 and 2.88 on the Xeon (2026-11-25; 51.7 s
+# and 63.8 s); 1.7 on the Zen 5 (2026-11-26; 43.5 s). Beam 4 from greedy's 47 tokens: 141, as 1,152 test sentences
 # measured from the update's time (132 and 140 on EPYCs in fp32, 137 on a Xeon with AMX in bf16, 94 on a slower EPYC).
 # Above the largest: a prediction too long ends a run a few seconds early, one too short ends it late.
 BEAM4_PER_GREEDY = 3.0
@@ -126,19 +127,11 @@ def decoding_steps_ratio(metrics: dict, prefix: str = "eval") -> float | None:
     return STEPS_MARGIN * reference / taken
 
 
-def alpha_searches(alphas: int) -> int:
-    """The decodings of the validation pairs that the choice among `alphas` GNMT alphas takes: one for all of them
-    (`evaluation.translation.translate_each_alpha`: with early stopping, the model's default, alpha only ranks what
-    a beam search finished), none without a choice. It decoded them once per alpha before: with the recipes' three
-    alphas and 500 validation pairs, 1,500 sentences of beam search beside the help's 1,152 test sentences."""
-    return 1 if alphas else 0
-
-
 @dataclass(frozen=True)
 class HeldOut:
     """The held-out work a budgeted run predicts: the validation pairs and the sentences decoded after training (the
-    test pairs, and the validation pairs once for the choice of alpha: `alpha_searches`), the beams of each, and
-    whether a validation runs the source check's two more loss passes."""
+    test pairs, and the validation pairs once for the choice of alpha: `planner.alpha_searches`), the beams of each,
+    and whether a validation runs the source check's two more loss passes."""
 
     validation_pairs: int = 0
     test_sentences: int = 0

@@ -216,7 +216,7 @@ def measure_decoding(inputs: PlanInputs, model, measurement: Measurement) -> tup
 
 def decoding_on_gpu(rules: BudgetRules, data, searches: int, device, eval_batch: int, world_size: int) -> BudgetRules:
     """The rules with a GPU's decoding steps: the test split's with the validation's `searches` times (the choice of
-    alpha's: `costs.alpha_searches`), a validation's
+    alpha's: `planner.alpha_searches`), a validation's
     in the Trainer's batches of `eval_batch` sentences over `world_size` processes, and the batch on `device` a
     step's latency is measured on."""
     batch, test = median_batch(data.tokenizer, list(data.test["source"]), device)

@@ -94,7 +94,7 @@ def dropout_for(steps: list[tuple[float, float]], epochs: float) -> float | None
     """The dropout of a run predicted to train `epochs` epochs of its corpus: that of the last of `steps` (the recipe's
     `dropout_by_epochs`, (epochs, dropout) pairs, fewest epochs first) it reaches; None below the first (the model's
     own). A short run has nothing to over-fit, and dropout costs it updates; a long one passes over the same pairs
-    again and again (docs/cpu_recipe.md, "The budget curve")."""
+    again and again (docs/cpu_recipe.md, "The recipe at other budgets")."""
     reached = [dropout for least, dropout in steps if epochs >= least]
     return reached[-1] if reached else None
 
