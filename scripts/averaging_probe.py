@@ -41,7 +41,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as averaged:
                 average_checkpoints(chosen, averaged)
                 model, tokenizer = load_translator(averaged)
-                row.update(beam_bleu(model, tokenizer, splits, alpha))
+                row.update(beam_bleu(model, tokenizer, splits, [alpha])[alpha])
             print(json.dumps(row), flush=True)
 
 
