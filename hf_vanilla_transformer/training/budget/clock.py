@@ -86,9 +86,9 @@ class BudgetClock:
         Without a budget: infinite."""
         if self.seconds is None:
             return math.inf
-        # A run that starts again with another model keeps what the plan keeps before it has one (or this model's).
-        finishing = max(self.finishing, FINISHING_SECONDS) + RESTART_SECONDS if restart else self.finishing
-        kept = finishing + self.final_check
+        kept = self.finishing + self.final_check
+        if restart:  # another model, unmeasured: the plan's margin before it had one (or this model's, if larger)
+            kept += max(0.0, FINISHING_SECONDS - self.finishing) + RESTART_SECONDS
         left = self.seconds - self.spent() - decode_seconds - kept
         return max(0.0, left) * SAFETY if planned else left
 
