@@ -2,6 +2,7 @@
 k checkpoints for each k asked, beam 4 at the α the run chose, on every validation pair and on the 1,152 test pairs.
 
     python scripts/averaging_probe.py FOLDER [FOLDER ...] [--last 1,2,3,4,5,6]
+        [--validation_files V --test_files T] [--beams 4]
 
 One line of JSON per folder and k (the checkpoints averaged, their validation losses as the run logged them, BLEU
 on both splits); nothing else should run meanwhile (it decodes on every core). The folders are left untouched: each
@@ -12,7 +13,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from length_penalty_probe import beam_bleu, held_out_splits  # scripts/ is the script's own folder on sys.path
+# scripts/ is the script's own folder on sys.path
+from length_penalty_probe import add_split_flags, beam_bleu, held_out_splits
 
 from hf_vanilla_transformer.evaluation.translation import load_translator
 from hf_vanilla_transformer.training.averaging import average_checkpoints, checkpoint_folders, validation_losses
@@ -23,8 +25,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("folders", nargs="+")
     parser.add_argument("--last", default="1,2,3,4,5,6")
+    add_split_flags(parser)
     flags = parser.parse_args()
-    splits = held_out_splits(validation_pairs=None)
+    splits = held_out_splits(None, flags.validation_files, flags.test_files)
     for folder in map(Path, flags.folders):
         results = json.loads((folder / "results.json").read_text())
         alpha = results["test"]["length_penalty"]
@@ -41,7 +44,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as averaged:
                 average_checkpoints(chosen, averaged)
                 model, tokenizer = load_translator(averaged)
-                row.update(beam_bleu(model, tokenizer, splits, [alpha])[alpha])
+                row.update(beam_bleu(model, tokenizer, splits, [alpha], flags.beams)[alpha])
             print(json.dumps(row), flush=True)
 
 

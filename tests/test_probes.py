@@ -1,0 +1,89 @@
+"""The BLEU probes behind docs/cpu_recipe.md's averaging and α measurements (`scripts/averaging_probe.py`,
+`scripts/length_penalty_probe.py`), run on the tiny trained folder and pointed at its own held-out pairs: where a
+probe decodes what the run decoded, it gives the run's own figures (the averaged model's test BLEU and chrF, the
+validation BLEU of each α the run tried), an average of one checkpoint scores as that checkpoint, and the folder is left as it
+was. The averaging probe went two days broken before anyone ran it (issue 63): these run both probes every time."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from hf_vanilla_transformer.training.averaging import checkpoint_folders
+from hf_vanilla_transformer.training.checkpoints import checkpoint_step
+
+from conftest import FIXTURES, run_script
+
+
+HELD_OUT = FIXTURES / "libreoffice_help_en_de_test_40.tsv"  # the tiny run's validation and test pairs
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def probe_rows(script: str, *args) -> list[dict]:
+    result = run_script(script, *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+
+
+def test_the_averaging_probe_gives_the_runs_own_average_and_leaves_the_folder_as_it_was(trained_folder):
+    folder, _ = trained_folder
+    results = json.loads((folder / "results.json").read_text())
+    kept = checkpoint_folders(folder)
+    averaged = results["averaged_checkpoints"]
+    assert 2 <= len(averaged) <= len(kept) and [path.name for path in kept[-len(averaged) :]] == averaged
+    before = digests(folder)
+    beams = str(results["test"]["beams"])
+    split_flags = ("--validation_files", HELD_OUT, "--test_files", HELD_OUT, "--beams", beams)
+    rows = probe_rows("averaging_probe.py", folder, "--last", f"1,{len(averaged)},{len(kept) + 1}", *split_flags)
+    by_last = {row["last"]: row for row in rows}
+    assert set(by_last) == {1, len(averaged), len(kept) + 1}
+    assert by_last[len(averaged)]["steps"] == [checkpoint_step(path) for path in kept[-len(averaged) :]]
+    the_run = (round(results["test"]["bleu"], 2), round(results["test"]["chrf"], 2))
+    assert (by_last[len(averaged)]["test_bleu"], by_last[len(averaged)]["test_chrf"]) == the_run  # its average again
+    assert by_last[len(kept) + 1] == {"folder": str(folder), "last": len(kept) + 1, "skipped": f"{len(kept)} kept"}
+    # An average of the last checkpoint alone scores as that checkpoint decoded by the α probe.
+    alpha = results["test"]["length_penalty"]
+    (alone,) = probe_rows("length_penalty_probe.py", kept[-1], "--alphas", str(alpha), *split_flags)
+    assert by_last[1]["steps"] == [checkpoint_step(kept[-1])] and by_last[1]["alpha"] == alpha
+    scores = ("validation_bleu", "validation_chrf", "test_bleu", "test_chrf")
+    assert [by_last[1][score] for score in scores] == [alone[score] for score in scores]
+    assert by_last[1]["test_chrf"] != by_last[len(averaged)]["test_chrf"]  # --last chose what was averaged
+    assert digests(folder) == before
+
+
+def test_the_length_penalty_probe_gives_the_runs_own_choice_and_test_score(trained_folder, tmp_path):
+    folder, _ = trained_folder
+    results = json.loads((folder / "results.json").read_text())
+    choice = results["length_penalty_choice"]
+    validation = tmp_path / "validation.tsv"  # the pairs the run chose α on: the first `validation_pairs`
+    validation.write_text("".join(HELD_OUT.read_text().splitlines(keepends=True)[: choice["validation_pairs"]]))
+    alphas = list(choice["validation_bleu"])
+    rows = probe_rows(
+        "length_penalty_probe.py", folder, "--alphas", ",".join(alphas), "--beams", str(choice["beams"]),
+        "--validation_files", validation, "--test_files", HELD_OUT,
+    )  # fmt: skip
+    assert [row["alpha"] for row in rows] == [float(alpha) for alpha in alphas]
+    for row, alpha in zip(rows, alphas, strict=True):
+        assert row["validation_bleu"] == round(choice["validation_bleu"][alpha], 2), alpha
+    chosen = next(row for row in rows if row["alpha"] == results["test"]["length_penalty"])
+    assert results["test"]["beams"] == choice["beams"]
+    the_run = (round(results["test"]["bleu"], 2), round(results["test"]["chrf"], 2))
+    assert (chosen["test_bleu"], chosen["test_chrf"]) == the_run
+
+
+@pytest.mark.parametrize("script", ["averaging_probe.py", "length_penalty_probe.py"])
+def test_a_probe_given_one_held_out_file_of_two_names_both(script, trained_folder):
+    folder, _ = trained_folder
+    result = run_script(script, folder, "--test_files", HELD_OUT)
+    assert result.returncode != 0
+    assert f"--validation_files None and --test_files '{HELD_OUT}': expected both files or neither" in result.stderr
