@@ -1,5 +1,6 @@
 """BLEU of main-job model folders averaged anew from their kept checkpoints (issue 48, docs/cpu_recipe.md): the last
-k checkpoints for each k asked, beam 4 at the α the run chose, on every validation pair and on the 1,152 test pairs.
+k checkpoints for each k asked, beam search (`--beams`, default 4) at the α the run chose, on every validation pair
+and on the 1,152 test pairs.
 
     python scripts/averaging_probe.py FOLDER [FOLDER ...] [--last 1,2,3,4,5,6]
         [--validation_files V --test_files T] [--beams 4]
