@@ -29,6 +29,11 @@ def digests(folder: Path) -> dict[str, str]:
     }
 
 
+def run_test_scores(results: dict) -> tuple[float, float]:
+    """The run's own test BLEU and chrF (its results.json) as a probe rounds them."""
+    return round(results["test"]["bleu"], 2), round(results["test"]["chrf"], 2)
+
+
 def probe_rows(script: str, *args) -> list[dict]:
     result = run_script(script, *args)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -48,8 +53,8 @@ def test_the_averaging_probe_gives_the_runs_own_average_and_leaves_the_folder_as
     by_last = {row["last"]: row for row in rows}
     assert set(by_last) == {1, len(averaged), len(kept) + 1}
     assert by_last[len(averaged)]["steps"] == [checkpoint_step(path) for path in kept[-len(averaged) :]]
-    the_run = (round(results["test"]["bleu"], 2), round(results["test"]["chrf"], 2))
-    assert (by_last[len(averaged)]["test_bleu"], by_last[len(averaged)]["test_chrf"]) == the_run  # its average again
+    averaged_row = by_last[len(averaged)]
+    assert (averaged_row["test_bleu"], averaged_row["test_chrf"]) == run_test_scores(results)  # its average again
     assert by_last[len(kept) + 1] == {"folder": str(folder), "last": len(kept) + 1, "skipped": f"{len(kept)} kept"}
     # An average of the last checkpoint alone scores as that checkpoint decoded by the α probe.
     alpha = results["test"]["length_penalty"]
@@ -79,8 +84,7 @@ def test_the_length_penalty_probe_gives_the_runs_own_choice_and_test_score(train
         assert row["validation_bleu"] == round(choice["validation_bleu"][alpha], 2), alpha
     chosen = next(row for row in rows if row["alpha"] == results["test"]["length_penalty"])
     assert results["test"]["beams"] == choice["beams"]
-    the_run = (round(results["test"]["bleu"], 2), round(results["test"]["chrf"], 2))
-    assert (chosen["test_bleu"], chosen["test_chrf"]) == the_run
+    assert (chosen["test_bleu"], chosen["test_chrf"]) == run_test_scores(results)
 
 
 @pytest.mark.parametrize("script", ["averaging_probe.py", "length_penalty_probe.py"])
