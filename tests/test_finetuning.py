@@ -6,6 +6,7 @@ fine-tuned model and a model trained from scratch side by side, each row its run
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,9 +14,11 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
 from hf_vanilla_transformer.training import recipes
-from hf_vanilla_transformer.training.budget.schedule import learning_rate
+from hf_vanilla_transformer.training.budget.schedule import dropout_for, learning_rate
+from hf_vanilla_transformer.training.models import build_model
 from hf_vanilla_transformer.training.recipes import parse_run, read_recipe, recipe_values
 from hf_vanilla_transformer.training.start import better_or_equal, fingerprint
 
@@ -29,7 +32,8 @@ TEST_40 = FIXTURES / "libreoffice_help_en_de_test_40.tsv"
 def test_a_saved_model_takes_the_finetune_recipe_over_the_machines_and_a_named_recipe_stays(tmp_path, monkeypatch):
     settings = parse_run(["--model_name_or_path", "runs/start", "--output_dir", str(tmp_path)])
     recipe, own = settings.recipe, read_recipe("finetune")
-    assert recipe.recipe == "finetune" and recipe.dropout is None  # the saved model's own dropout
+    # The dropout of the run's own predicted epochs (the cpu recipe's steps), not the saved model's.
+    assert recipe.recipe == "finetune" and (recipe.dropout, recipe.dropout_by_epochs) == (0.0, "8:0.1")
     assert (recipe.max_tokens, recipe.max_minutes, recipe.max_epochs) == (1024, 26, 20)  # the cpu recipe's
     # The data to adapt to is the run's to name: the help alone on any machine, not the cpu recipe's help and UI.
     assert recipe.dataset == "libreoffice-help" and read_recipe("cpu")["dataset"] == "libreoffice-help-ui"
@@ -48,21 +52,38 @@ def test_a_saved_model_takes_the_finetune_recipe_over_the_machines_and_a_named_r
     assert recipe_values("finetune", [])["max_tokens_choices"] == read_recipe("gpu")["max_tokens_choices"]
 
 
-def test_the_starts_validation_bleu_sets_the_peak_where_the_recipe_says_and_a_peak_given_keeps_its_own(tmp_path):
-    """`peak_by_start_bleu`: a start far from its new domain (validation BLEU below the bound) gets the larger peak,
-    one at or above it the recipe's; a --peak_learning_rate given is the run's whatever the start scores."""
+def test_the_starts_validation_bleu_sets_the_peak_and_warmup_where_the_recipe_says_and_those_given_stay(tmp_path):
+    """`peak_by_start_bleu` and `warmup_by_start_bleu`: a start far from its new domain (validation BLEU below the
+    bound) gets the larger peak and the longer warmup, one at or above it the recipe's; a --peak_learning_rate or
+    --warmup_steps given is the run's whatever the start scores."""
     base = ["--model_name_or_path", "runs/start", "--output_dir", str(tmp_path)]
-    settings = parse_run(base)
-    bound, peak = (float(value) for value in read_recipe("finetune")["peak_by_start_bleu"].split(":"))
-    assert peak > settings.rate.peak
+    settings, own = parse_run(base), read_recipe("finetune")
+    bound, peak = (float(value) for value in own["peak_by_start_bleu"].split(":"))
+    warmup_bound, warmup = (float(value) for value in own["warmup_by_start_bleu"].split(":"))
+    assert warmup_bound == bound  # one bound: a start below it is far from its new domain
+    assert peak > settings.rate.peak and warmup > settings.rate.warmup == own["warmup_steps"]
     far = settings.for_start({"bleu": bound - 5.31})
-    assert far.rate.peak == peak and far.rate.warmup == settings.rate.warmup
-    said = f"peak {peak:.1e} for a start of validation BLEU {bound - 5.31:.2f}"
-    assert far.fired == ({"rule": "peak_by_start_bleu", "said": said},)
+    assert far.rate == dataclasses.replace(settings.rate, peak=peak, warmup=warmup)
+    assert far.fired == (
+        {"rule": "peak_by_start_bleu", "said": f"peak {peak:.1e} for a start of validation BLEU {bound - 5.31:.2f}"},
+        {
+            "rule": "warmup_by_start_bleu",
+            "said": f"warmup {warmup:,.0f} for a start of validation BLEU {bound - 5.31:.2f}",
+        },
+    )
     for near in ({"bleu": bound}, {"bleu": bound + 10.67}, None):  # at the bound, above it, or not measured
         assert settings.for_start(near) is settings
     given = parse_run([*base, "--peak_learning_rate", "2e-4"])
     assert given.recipe.peak_by_start_bleu is None and given.for_start({"bleu": 1.0}).rate.peak == 2e-4
+    assert given.for_start({"bleu": 1.0}).rate.warmup == warmup  # the warmup's rule is not the peak's to turn off
+    given = parse_run([*base, "--warmup_steps", "300"])
+    assert given.recipe.warmup_by_start_bleu is None and given.for_start({"bleu": 1.0}).rate == dataclasses.replace(
+        settings.rate, peak=peak, warmup=300
+    )
+    steps = parse_run([*base, "--warmup_steps", "300", "--warmup_by_start_bleu", "30:600,10:2000"])
+    assert [steps.for_start({"bleu": bleu}).rate.warmup for bleu in (5, 15, 40)] == [2000, 600, 300]
+    with pytest.raises(ValueError, match=r"warmup_by_start_bleu='20:0.5' holds '20:0.5'; expected bleu:updates"):
+        parse_run([*base, "--warmup_by_start_bleu", "20:0.5"])
     steps = parse_run([*base, "--peak_learning_rate", "2e-4", "--peak_by_start_bleu", "30:5e-4,10:1e-3"])
     assert [steps.for_start({"bleu": bleu}).rate.peak for bleu in (5, 15, 40)] == [1e-3, 5e-4, 2e-4]
     with pytest.raises(ValueError, match=r"peak_by_start_bleu='x:1' holds 'x:1'; expected bleu:peak pairs"):
@@ -131,6 +152,7 @@ def test_the_finetune_benchmark_sets_each_runs_own_figures_side_by_side(tmp_path
     command += ["--output_dir", str(output), "--data_files", str(TRAIN_200), "--validation_files", str(TEST_40)]
     command += ["--test_files", str(TEST_40), "--seeds", "0", "--max_steps", "6", "--max_eval_samples", "10"]
     command += ["--test_beams", "1", "--eval_strategy", "no", "--length_penalty_choices", "1"]
+    command += ["--max_warmup_fraction", "1", "--warmup_by_start_bleu", "20:4"]  # a warmup the rule alone gives
     result = subprocess.run(command, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     figures = json.loads((output / "figures.json").read_text())
@@ -149,11 +171,45 @@ def test_the_finetune_benchmark_sets_each_runs_own_figures_side_by_side(tmp_path
         "rule": "peak_by_start_bleu",
         "said": f"peak {peak:.1e} for a start of validation BLEU {start_bleu:.2f}",
     } in tuned["rules"]
+    # ... and the warmup of `warmup_by_start_bleu` (4 of its 6 updates; the recipe's 100 would warm up for all 6).
+    assert tuned["plan"]["warmup_steps"] == 4 and scratch_plan_warmup(output) == 6
+    said = f"warmup 4 for a start of validation BLEU {start_bleu:.2f}"
+    assert {"rule": "warmup_by_start_bleu", "said": said} in tuned["rules"]
     assert rows["scratch-seed0"]["kept"] is None and rows["finetune-seed0"]["kept"] in ("trained", "start")
     scored = run_script("score.py", start, "--data_files", TEST_40)  # the start row: the folder scored as it is
     assert rows["start"]["bleu"] == json.loads(scored.stdout[scored.stdout.rfind("\n{") + 1 :])["score"]
     table = (output / "table.md").read_text()
     assert f"| start | {rows['start']['bleu']:.2f} |" in table and "| finetune-seed0 |" in table
+
+
+def scratch_plan_warmup(output) -> int:
+    """The warmup the from-scratch row's plan gave (no start: no start's rule)."""
+    return json.loads((output / "scratch-seed0" / "results.json").read_text())["plan"]["warmup_steps"]
+
+
+def test_a_finetuning_run_trains_at_the_dropout_of_its_epochs_not_the_starts(trained_folder, tmp_path):
+    """The `finetune` recipe's dropout is that of the run's predicted epochs (`dropout_by_epochs`, the cpu recipe's
+    steps): the saved model (trained with its preset's 0.1) is loaded, timed and trained at the recipe's 0.0 below
+    the first step, and the plan gives the step's dropout from its epochs on; a --dropout given is the run's."""
+    start, _ = trained_folder
+    assert json.loads((start / "config.json").read_text())["dropout"] == 0.1
+    settings = parse_run(["--model_name_or_path", str(start), "--output_dir", str(tmp_path)])
+    model = build_model(settings.recipe, AutoTokenizer.from_pretrained(start))
+    floats = {module.dropout for module in model.modules() if isinstance(getattr(module, "dropout", None), float)}
+    assert model.config.dropout == 0.0 and floats == {0.0}
+    (epochs, dropout), *_ = settings.dropout_steps
+    assert (
+        dropout_for(list(settings.dropout_steps), epochs - 0.1),
+        dropout_for(list(settings.dropout_steps), epochs),
+    ) == (
+        None,  # the model's own: the recipe's 0.0
+        dropout,
+    )
+    given = parse_run(["--model_name_or_path", str(start), "--output_dir", str(tmp_path), "--dropout", "0.2"])
+    assert (
+        given.dropout_steps == ()
+        and build_model(given.recipe, AutoTokenizer.from_pretrained(start)).config.dropout == 0.2
+    )
 
 
 def test_a_recorded_start_is_reused_only_for_the_same_model_and_validation_pairs(tmp_path):

@@ -25,6 +25,7 @@ from .choices import (
     preset_choices,
     size_min_updates,
     token_choices,
+    warmup_by_start_bleu,
 )
 from .models import parse_config_overrides
 
@@ -248,6 +249,14 @@ class ModelDataArguments:
             "every bound, --peak_learning_rate); a --peak_learning_rate given on the command line turns it off."
         },
     )
+    warmup_by_start_bleu: str | None = field(
+        default=None,
+        metadata={
+            "help": "Fine-tuning: the warmup from the starting model's validation BLEU, as bleu:updates pairs (e.g. "
+            "20:1000: a start below 20 warms up for 1,000 updates; at or above every bound, --warmup_steps); a "
+            "--warmup_steps given on the command line turns it off."
+        },
+    )
     plateau_validations: int | None = field(
         default=None,
         metadata={
@@ -422,7 +431,7 @@ def check_recipe_arguments(recipe: ModelDataArguments) -> None:
             raise ValueError(f"{name}={value} is invalid; expected at least 1.")
     if recipe.min_updates is not None and recipe.min_updates < 1:
         raise ValueError(f"min_updates={recipe.min_updates} is invalid; expected at least 1.")
-    size_min_updates(recipe), dropout_by_epochs(recipe), peak_by_start_bleu(recipe)
+    size_min_updates(recipe), dropout_by_epochs(recipe), peak_by_start_bleu(recipe), warmup_by_start_bleu(recipe)
     if recipe.plateau_validations is not None and recipe.plateau_validations < 1:
         raise ValueError(f"plateau_validations={recipe.plateau_validations} is invalid; expected at least 1.")
     if recipe.max_warmup_fraction is not None and not 0 < recipe.max_warmup_fraction <= 1:

@@ -98,10 +98,22 @@ def _number_pairs(recipe, name: str, valid, expected: str) -> list[tuple[float, 
     return sorted(pairs)
 
 
-def start_peak(steps, bleu: float) -> float | None:
-    """The peak of the first of `steps` (`peak_by_start_bleu`, lowest BLEU first) whose BLEU the start's validation
-    `bleu` is below; None at or above them all (the recipe's peak)."""
-    return next((peak for bound, peak in steps if bleu < bound), None)
+def warmup_by_start_bleu(recipe) -> list[tuple[float, float]]:
+    """The (validation BLEU, warmup updates) steps of `warmup_by_start_bleu`, lowest BLEU first; [] when not given. A
+    ValueError names a bad pair."""
+    expected = "bleu:updates pairs of a BLEU in (0, 100] and a whole number of warmup updates >= 1, such as '20:1000'"
+    return _number_pairs(
+        recipe,
+        "warmup_by_start_bleu",
+        lambda bleu, updates: 0 < bleu <= 100 and updates >= 1 and updates % 1 == 0,
+        expected,
+    )
+
+
+def start_step(steps, bleu: float) -> float | None:
+    """The value of the first of `steps` (`peak_by_start_bleu`, `warmup_by_start_bleu`: lowest BLEU first) whose BLEU
+    the start's validation `bleu` is below; None at or above them all (the recipe's own)."""
+    return next((value for bound, value in steps if bleu < bound), None)
 
 
 def budgeted(recipe, args) -> bool:

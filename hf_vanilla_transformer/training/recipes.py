@@ -124,6 +124,8 @@ def parse_arguments(
         changes["dropout_by_epochs"] = None
     if "peak_learning_rate" in given and "peak_by_start_bleu" not in given:  # a peak given is the run's, whatever
         changes["peak_by_start_bleu"] = None  # its start scores
+    if "warmup_steps" in given and "warmup_by_start_bleu" not in given:  # so is a warmup given
+        changes["warmup_by_start_bleu"] = None
     if "peak_learning_rate" in given:  # the command line's peak is the run's own preset's and update size's ...
         for owner in ("peak_learning_rate_preset", "lr_reference_tokens"):
             if owner not in given:  # ... not those the recipe named for its own peak

@@ -143,8 +143,9 @@ def describe_time(spent: dict) -> str:
 
 def fired_rules(plan, results: dict) -> list[dict]:
     """The recipe's rules that decided something in the run, `{"rule": the recipe's value, "said": in words}`: the
-    plan's (`Record.rules`: the size, the dropout, a cut warmup, a fine-tuning start's peak) and how training ended
-    where a rule ended it (the plateau, the epoch cap, the deadline, a switch, the source not yet judged)."""
+    plan's (`Record.rules`: the size, the dropout, a cut warmup, a fine-tuning start's peak and warmup) and how
+    training ended where a rule ended it (the plateau, the epoch cap, the deadline, a switch, the source not yet
+    judged)."""
     fired, ended = list(plan.record.rules), results["plan"]["ended_by"]
     if plan.history.switched_from:
         fired.append({"rule": "switch", "said": f"switched from {plan.history.switched_from.get('preset')}"})

@@ -98,7 +98,7 @@ def _train_and_evaluate(settings: RunSettings, command: str, examples: int, star
             start = main_process_value(starting_point(settings, data))
     if start is not None:  # measured again at the end, in the budget: twice its time (a worse model decodes longer)
         clock = clock.with_final_check(2 * start["seconds"])
-        settings = settings.for_start(start)  # its peak, where the recipe sets it by the start's score
+        settings = settings.for_start(start)  # its peak and warmup, where the recipe sets them by the start's score
     # 3-5. Plan, Trainer, train; a switch to another choice goes back to the plan with the same data.
     training = prepare_training(settings, data, clock, resume)
     train_started = time.time()

@@ -29,8 +29,9 @@ from .choices import (
     peak_by_start_bleu,
     preset_choices,
     size_min_updates,
-    start_peak,
+    start_step,
     token_choices,
+    warmup_by_start_bleu,
 )
 from .models import parse_config_overrides
 
@@ -75,18 +76,27 @@ class RunSettings:
     dropout_steps: tuple[tuple[float, float], ...] = ()  # the dropout by predicted epochs (`dropout_by_epochs`)
     size_min_updates: tuple[tuple[str, int], ...] = ()  # the sizes that need more updates (`size_min_updates`)
     start_peaks: tuple[tuple[float, float], ...] = ()  # a fine-tuning run's peak by its start (`peak_by_start_bleu`)
+    start_warmups: tuple[tuple[float, float], ...] = ()  # ... and its warmup (`warmup_by_start_bleu`)
     fired: tuple[dict, ...] = ()  # the recipe's rules applied before the plan (`for_start`), for its record
 
     def for_start(self, start: dict | None) -> RunSettings:
         """The settings of a fine-tuning run whose starting model scored `start` on validation (`training/start.py`;
-        None: not measured): the peak of `peak_by_start_bleu` for its BLEU, where a step applies, recorded as a rule
-        that fired."""
-        peak = start_peak(self.start_peaks, start["bleu"]) if start is not None else None
-        if peak is None:
+        None: not measured): the peak of `peak_by_start_bleu` and the warmup of `warmup_by_start_bleu` for its BLEU,
+        each where a step applies, recorded as a rule that fired."""
+        if start is None:
             return self
-        said = f"peak {peak:.1e} for a start of validation BLEU {start['bleu']:.2f}"
-        rule = {"rule": "peak_by_start_bleu", "said": said}
-        return dataclasses.replace(self, rate=dataclasses.replace(self.rate, peak=peak), fired=(*self.fired, rule))
+        bleu, changes, fired = start["bleu"], {}, list(self.fired)
+        for rule, name, steps, said in (
+            ("peak_by_start_bleu", "peak", self.start_peaks, "peak {:.1e}"),
+            ("warmup_by_start_bleu", "warmup", self.start_warmups, "warmup {:,.0f}"),
+        ):
+            value = start_step(steps, bleu)
+            if value is not None:
+                changes[name] = value
+                fired.append({"rule": rule, "said": f"{said.format(value)} for a start of validation BLEU {bleu:.2f}"})
+        if not changes:
+            return self
+        return dataclasses.replace(self, rate=dataclasses.replace(self.rate, **changes), fired=tuple(fired))
 
     def update_size(self, max_tokens: int) -> UpdateSize:
         """The update of batches of `max_tokens` (`update_size`)."""
@@ -132,6 +142,7 @@ class RunSettings:
             "dropout": recipe.dropout,
             "dropout_by_epochs": recipe.dropout_by_epochs,
             "peak_by_start_bleu": recipe.peak_by_start_bleu,
+            "warmup_by_start_bleu": recipe.warmup_by_start_bleu,
             "max_epochs": recipe.max_epochs,
             "plateau_validations": recipe.plateau_validations,
             "max_minutes": recipe.max_minutes,
@@ -182,6 +193,7 @@ def settle(recipe: ModelDataArguments, args: TransformerTrainingArguments, devic
         dropout_steps=tuple(dropout_by_epochs(recipe)),
         size_min_updates=tuple(size_min_updates(recipe).items()),
         start_peaks=tuple(peak_by_start_bleu(recipe)) if recipe.model_name_or_path else (),
+        start_warmups=tuple(warmup_by_start_bleu(recipe)) if recipe.model_name_or_path else (),
     )
 
 

@@ -70,8 +70,9 @@ def starting_point(settings, data) -> dict | None:
             "no validation split: the model %s started from is not measured, and the trained model is kept whatever "
             "it scores%s (give --validation_files to keep the better of the two)",
             Path(recipe.model_name_or_path).name,
-            ", and its peak is the recipe's (peak_by_start_bleu needs the start's score)"
-            if settings.start_peaks
+            ", and its peak and warmup are the recipe's (peak_by_start_bleu and warmup_by_start_bleu need the "
+            "start's score)"
+            if settings.start_peaks or settings.start_warmups
             else "",
         )
     if not recipe.model_name_or_path or pairs is None or not args.should_save:
