@@ -57,11 +57,10 @@ def test_the_starts_validation_bleu_sets_the_peak_and_warmup_where_the_recipe_sa
     bound) gets the larger peak and the longer warmup, one at or above it the recipe's; a --peak_learning_rate or
     --warmup_steps given is the run's whatever the start scores."""
     base = ["--model_name_or_path", "runs/start", "--output_dir", str(tmp_path)]
-    settings, own = parse_run(base), read_recipe("finetune")
-    bound, peak = (float(value) for value in own["peak_by_start_bleu"].split(":"))
-    warmup_bound, warmup = (float(value) for value in own["warmup_by_start_bleu"].split(":"))
+    settings = parse_run(base)  # the recipe's steps, read by the run's own parsers
+    ((bound, peak),), ((warmup_bound, warmup),) = settings.start_peaks, settings.start_warmups
     assert warmup_bound == bound  # one bound: a start below it is far from its new domain
-    assert peak > settings.rate.peak and warmup > settings.rate.warmup == own["warmup_steps"]
+    assert peak > settings.rate.peak and warmup > settings.rate.warmup == read_recipe("finetune")["warmup_steps"]
     far = settings.for_start({"bleu": bound - 5.31})
     assert far.rate == dataclasses.replace(settings.rate, peak=peak, warmup=warmup)
     assert far.fired == (
@@ -172,7 +171,8 @@ def test_the_finetune_benchmark_sets_each_runs_own_figures_side_by_side(tmp_path
         "said": f"peak {peak:.1e} for a start of validation BLEU {start_bleu:.2f}",
     } in tuned["rules"]
     # ... and the warmup of `warmup_by_start_bleu` (4 of its 6 updates; the recipe's 100 would warm up for all 6).
-    assert tuned["plan"]["warmup_steps"] == 4 and scratch_plan_warmup(output) == 6
+    scratch = json.loads((output / "scratch-seed0" / "results.json").read_text())  # no start: no start's rule
+    assert tuned["plan"]["warmup_steps"] == 4 and scratch["plan"]["warmup_steps"] == 6
     said = f"warmup 4 for a start of validation BLEU {start_bleu:.2f}"
     assert {"rule": "warmup_by_start_bleu", "said": said} in tuned["rules"]
     assert rows["scratch-seed0"]["kept"] is None and rows["finetune-seed0"]["kept"] in ("trained", "start")
@@ -182,34 +182,24 @@ def test_the_finetune_benchmark_sets_each_runs_own_figures_side_by_side(tmp_path
     assert f"| start | {rows['start']['bleu']:.2f} |" in table and "| finetune-seed0 |" in table
 
 
-def scratch_plan_warmup(output) -> int:
-    """The warmup the from-scratch row's plan gave (no start: no start's rule)."""
-    return json.loads((output / "scratch-seed0" / "results.json").read_text())["plan"]["warmup_steps"]
-
-
 def test_a_finetuning_run_trains_at_the_dropout_of_its_epochs_not_the_starts(trained_folder, tmp_path):
     """The `finetune` recipe's dropout is that of the run's predicted epochs (`dropout_by_epochs`, the cpu recipe's
     steps): the saved model (trained with its preset's 0.1) is loaded, timed and trained at the recipe's 0.0 below
     the first step, and the plan gives the step's dropout from its epochs on; a --dropout given is the run's."""
     start, _ = trained_folder
     assert json.loads((start / "config.json").read_text())["dropout"] == 0.1
+    tokenizer = AutoTokenizer.from_pretrained(start)
     settings = parse_run(["--model_name_or_path", str(start), "--output_dir", str(tmp_path)])
-    model = build_model(settings.recipe, AutoTokenizer.from_pretrained(start))
+    model = build_model(settings.recipe, tokenizer)
     floats = {module.dropout for module in model.modules() if isinstance(getattr(module, "dropout", None), float)}
     assert model.config.dropout == 0.0 and floats == {0.0}
-    (epochs, dropout), *_ = settings.dropout_steps
-    assert (
-        dropout_for(list(settings.dropout_steps), epochs - 0.1),
-        dropout_for(list(settings.dropout_steps), epochs),
-    ) == (
-        None,  # the model's own: the recipe's 0.0
-        dropout,
-    )
+    steps = list(settings.dropout_steps)
+    (epochs, dropout), *_ = steps
+    assert dropout_for(steps, epochs - 0.1) is None  # the model's own: the recipe's 0.0
+    assert dropout_for(steps, epochs) == dropout
     given = parse_run(["--model_name_or_path", str(start), "--output_dir", str(tmp_path), "--dropout", "0.2"])
-    assert (
-        given.dropout_steps == ()
-        and build_model(given.recipe, AutoTokenizer.from_pretrained(start)).config.dropout == 0.2
-    )
+    assert given.dropout_steps == ()
+    assert build_model(given.recipe, tokenizer).config.dropout == 0.2
 
 
 def test_a_recorded_start_is_reused_only_for_the_same_model_and_validation_pairs(tmp_path):
