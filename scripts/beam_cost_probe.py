@@ -16,14 +16,15 @@ in one process (mimalloc and oneDNN's primitive cache as a run has them: `use_fa
 corpus's name: the help's, English to German). Prints and writes (OUTPUT) one JSON object. docs/budget_curve.md
 ("Where the unspent minutes come from") has the figures. Run it alone on the machine:
 
-    python scripts/beam_cost_probe.py RUN_FOLDER OUTPUT.json [PRECISION]
+    python scripts/beam_cost_probe.py RUN_FOLDER OUTPUT.json [PRECISION] [--test_files PAIRS]
 
 PRECISION (fp32, bf16) replaces the run's for the greedy decoding: with `fp32` under the caps of an AVX2 laptop
 (`ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2`, docs/budget_curve.md) a model
-trained in bf16 shows the laptop's figures; `run` is then the run's, not the laptop's."""
+trained in bf16 shows the laptop's figures; `run` is then the run's, not the laptop's. `--test_files` (TSV or JSONL)
+decodes those pairs' sources instead of the run's corpus's test split (a run on local files names no corpus)."""
 
+import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -37,24 +38,28 @@ from transformers import AutoTokenizer  # noqa: E402
 
 import hf_vanilla_transformer  # noqa: E402, F401 (registers the classes)
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
-from hf_vanilla_transformer.data.corpora import load_corpus  # noqa: E402
+from hf_vanilla_transformer.data.corpora import load_corpus, read_parallel_file  # noqa: E402
 from hf_vanilla_transformer.evaluation.translation import translate  # noqa: E402
 from hf_vanilla_transformer.training.budget.costs import decode_cost  # noqa: E402
 from hf_vanilla_transformer.training.budget.decode_speed import measure_decode_step, median_batch  # noqa: E402
 from hf_vanilla_transformer.utils.device import forward_context  # noqa: E402
 
 
-if len(sys.argv) not in (3, 4):
-    raise SystemExit(__doc__)
-folder, output = Path(sys.argv[1]), Path(sys.argv[2])
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage=__doc__, allow_abbrev=False)
+parser.add_argument("folder", type=Path)
+parser.add_argument("output", type=Path)
+parser.add_argument("precision", nargs="?", choices=("fp32", "bf16"))
+parser.add_argument("--test_files", help="test pairs (TSV or JSONL) instead of the run's corpus's test split")
+flags = parser.parse_args()
+folder, output = flags.folder, flags.output
 results = json.loads((folder / "results.json").read_text())
-precision, beams = results["training"]["precision"], results["test"]["beams"]
-precision = sys.argv[3] if len(sys.argv) == 4 else precision
+precision, beams = flags.precision or results["training"]["precision"], results["test"]["beams"]
 attention = results["plan"]["attn_implementation"]
 tokenizer = AutoTokenizer.from_pretrained(folder)
 model = VanillaTransformerForConditionalGeneration.from_pretrained(folder).eval()
 fresh = VanillaTransformerForConditionalGeneration(model.config).eval()
-sources = list(load_corpus(results["data"]["dataset"])["test"]["source"])
+test = read_parallel_file(flags.test_files) if flags.test_files else load_corpus(results["data"]["dataset"])["test"]
+sources = list(test["source"])
 batch, _ = median_batch(tokenizer, sources, "cpu")
 found = {"folder": str(folder), "precision": precision, "beams": beams, "median_batch": list(batch["input_ids"].shape)}
 

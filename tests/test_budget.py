@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 import torch
 from transformers import TrainerControl, TrainerState
 
+from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.sharing.plots import attention_map_panels
 from hf_vanilla_transformer.training.arguments import (
     ModelDataArguments,
@@ -336,7 +338,9 @@ def _staged_plan(tmp_path, monkeypatch, recipe: ModelDataArguments):
     checkpoints = []
     monkeypatch.setattr(calibration_module, "measure_updates", stand_in)
     monkeypatch.setattr(calibration_module.Calibration, "batches", lambda self, size, count, taken: [{"size": size}])
-    monkeypatch.setattr(measuring_module, "measure_checkpoint_seconds", lambda model: checkpoints.append(1) or 0.01)
+    monkeypatch.setattr(
+        measuring_module, "measure_checkpoint_seconds", lambda model, near=None: checkpoints.append(near) or 0.01
+    )
     monkeypatch.setattr(planner_module, "trainer_ratio", lambda inputs, *chosen: (1.0, [], None))
     model = build_model(recipe, data.tokenizer, recipe.preset)
     build = lambda preset: widths.setdefault(preset, build_model(recipe, data.tokenizer, preset))  # noqa: E731
@@ -345,6 +349,69 @@ def _staged_plan(tmp_path, monkeypatch, recipe: ModelDataArguments):
         measured,
         checkpoints,
     )
+
+
+def test_a_cut_warmup_is_said_in_the_plan_line_after_the_rule_that_set_it(tmp_path):
+    """A fine-tuning start's warmup (1,000 by `warmup_by_start_bleu`) cut to 35% of a 20-update run: the plan line
+    names the rule's warmup, then the cut, and the plan's record holds both; an uncut warmup says no cut."""
+    from hf_vanilla_transformer.training.budget import planner as planner_module
+    from hf_vanilla_transformer.training.budget.clock import BudgetClock
+    from hf_vanilla_transformer.training.run_data import prepare_data
+    from hf_vanilla_transformer.utils.stages import SetupClock
+
+    recipe = _small_or_tiny(preset="tiny", preset_choices=None, max_tokens_choices=None, max_warmup_fraction=0.35)
+    args = TransformerTrainingArguments(
+        output_dir=str(tmp_path / "run"), use_cpu=True, disable_tqdm=True, max_steps=20, warmup_steps=4
+    )
+    settings = dataclasses.replace(settle(recipe, args), start_warmups=((20.0, 1000.0),))
+    started = time.time()
+    clock = BudgetClock.starting(started, None)
+    data = prepare_data(settings, clock, SetupClock(started))
+    model = build_model(recipe, data.tokenizer, "tiny")
+    far = settings.for_start({"bleu": 5.0})
+    plan = planner_module.plan_run(planner_module.plan_inputs(far, data, clock), model)
+    assert plan.schedule.warmup_steps == 7  # 35% of 20
+    line = plan.record.reasons[-1]
+    rule = "(warmup 1,000 for a start of validation BLEU 5.00: warmup_by_start_bleu)"
+    assert line.startswith("warmup 7 updates") and f"{rule} (warmup cut from 1,000 to 7: max_warmup_fraction)" in line
+    assert {"rule": "max_warmup_fraction", "said": "warmup cut to 7"} in plan.record.rules
+    near = planner_module.plan_run(planner_module.plan_inputs(settings, data, clock), model)  # the recipe's 4: uncut
+    assert near.schedule.warmup_steps == 4 and "cut" not in near.record.reasons[-1]
+    assert not [rule for rule in near.record.rules if rule["rule"] == "max_warmup_fraction"]
+    # A warmup given as a fraction of the run (half: 10 updates) is cut as well, and said so.
+    half = dataclasses.replace(settings, rate=dataclasses.replace(settings.rate, warmup=0.5))
+    plan = planner_module.plan_run(planner_module.plan_inputs(half, data, clock), model)
+    assert (
+        plan.schedule.warmup_steps == 7 and "(warmup cut from 10 to 7: max_warmup_fraction)" in plan.record.reasons[-1]
+    )
+    assert {"rule": "max_warmup_fraction", "said": "warmup cut to 7"} in plan.record.rules
+
+
+def test_the_plans_checkpoint_is_timed_in_the_output_folder_and_leaves_nothing_there(tmp_path):
+    """The plan times a checkpoint where the run's checkpoints go (the same disk, not a memory-backed /tmp), in a
+    temporary folder it removes; where the output folder is not there, in the system's temporary folder."""
+    from hf_vanilla_transformer.training.budget.measuring import measure_checkpoint_seconds
+
+    written = []
+
+    class Written(VanillaTransformerForConditionalGeneration):  # the model itself, saying where it was written
+        def save_pretrained(self, folder, *args, **kwargs):
+            written.append((Path(folder), sorted(os.listdir(folder))))
+            return super().save_pretrained(folder, *args, **kwargs)
+
+    model = Written(tiny_model().config)
+    (tmp_path / ".timed-checkpoint-killed").mkdir()  # a killed run's: removed; a link to a folder: left as it is
+    (tmp_path / ".timed-checkpoint-killed" / "optimizer.pt").write_bytes(b"0")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / ".timed-checkpoint-link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert measure_checkpoint_seconds(model, tmp_path) > 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".timed-checkpoint-link", "elsewhere"]
+    (tmp_path / ".timed-checkpoint-link").unlink()
+    (tmp_path / "elsewhere").rmdir()
+    ((folder, before),) = written
+    assert folder.parent == tmp_path and folder.name.startswith(".timed-checkpoint-") and before == []
+    measure_checkpoint_seconds(model, tmp_path / "not-made")
+    assert written[1][0].parent == Path(tempfile.gettempdir()) and not (tmp_path / "not-made").exists()
 
 
 def update_seconds(width: int, size: int, precision: str, attention: str) -> float:
@@ -392,7 +459,8 @@ def test_one_size_is_chosen_at_its_largest_batch_then_timed_at_its_smallest_then
     assert update_seconds(tiny, 1024, "bf16", "sdpa") < update_seconds(tiny, 1024, "tf32", "sdpa")  # no tie
     assert measured[4:] == [(tiny, 512, "bf16/sdpa"), (tiny, 768, "bf16/sdpa")]
     assert set(plan.record.measured) == {*(f"{key}@1024" for key in keys), "bf16/sdpa@512", "bf16/sdpa@768"}
-    assert len(checkpoints) == 1 and plan.record.reasons[1].startswith("bf16: ")
+    assert checkpoints == [str(tmp_path / "run")]  # one timed, on the disk of the run's own checkpoints
+    assert plan.record.reasons[1].startswith("bf16: ")
     assert "per update against" in plan.record.reasons[1] and "in tf32" in plan.record.reasons[1]
 
 

@@ -107,6 +107,39 @@ def test_a_recipe_that_extends_itself_is_named(tmp_path, monkeypatch):
     assert recipe_values(first, [])["seed"] == 1 and recipe_values(first, [])["max_tokens"] == 1024
 
 
+def test_a_value_a_recipe_file_gives_over_finetune_turns_off_its_rule_as_on_the_command_line(tmp_path):
+    """A recipe written over `finetune` that gives a warmup, peak or dropout of its own runs at it, whatever the start
+    scores or the run's epochs (the rule that would set it is off), as the same flag on the command line does; one that
+    gives the rule too keeps it."""
+    base = ["--model_name_or_path", "runs/start", "--output_dir", str(tmp_path)]
+    settings = parse_run(base)
+    ((bound, peak),), ((_, warmup),) = settings.start_peaks, settings.start_warmups
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("extends: finetune\nwarmup_steps: 300\n")
+    own = parse_run([*base, "--recipe", str(mine)])
+    assert own.recipe.warmup_by_start_bleu is None and own.start_warmups == ()
+    assert own.for_start({"bleu": bound - 1}).rate == dataclasses.replace(settings.rate, peak=peak, warmup=300)
+    mine.write_text("extends: finetune\npeak_learning_rate: 0.0002\ndropout: 0.1\n")
+    own = parse_run([*base, "--recipe", str(mine)])
+    assert (own.recipe.peak_by_start_bleu, own.recipe.dropout_by_epochs, own.recipe.dropout) == (None, None, 0.1)
+    assert own.for_start({"bleu": bound - 1}).rate.peak == 2e-4 and own.dropout_steps == ()
+    assert own.for_start({"bleu": bound - 1}).rate.warmup == warmup  # the warmup's rule is not the peak's to turn off
+    mine.write_text('extends: finetune\nwarmup_steps: 300\nwarmup_by_start_bleu: "30:600"\n')
+    both = parse_run([*base, "--recipe", str(mine)])
+    assert [both.for_start({"bleu": bleu}).rate.warmup for bleu in (25, 40)] == [600, 300]
+    # Two files deep (mine over theirs over finetune): the value of the top one turns the rule off as well.
+    theirs = tmp_path / "theirs.yaml"
+    theirs.write_text("extends: finetune\nseed: 3\n")
+    mine.write_text(f"extends: {theirs}\nwarmup_steps: 300\n")
+    assert parse_run([*base, "--recipe", str(mine)]).start_warmups == ()
+    # A null is no value given (the size's own dropout is the rule's own below its first step): the rule stays.
+    mine.write_text("extends: finetune\ndropout: null\n")
+    assert recipe_values(mine, [])["dropout_by_epochs"] == read_recipe("finetune")["dropout_by_epochs"]
+    # Over a recipe without the rule, the value adds no rule: nothing to turn off, nothing written.
+    mine.write_text("extends: cpu\nwarmup_steps: 300\n")
+    assert "warmup_by_start_bleu" not in recipe_values(mine, []) and recipe_values(mine, [])["warmup_steps"] == 300
+
+
 def test_the_better_model_is_the_higher_bleu_and_at_equal_bleu_the_higher_chrf():
     start = {"bleu": 20.0, "chrf": 50.0}
     assert better_or_equal({"bleu": 20.5, "chrf": 40.0}, start) and not better_or_equal(

@@ -1,8 +1,11 @@
-"""The BLEU probes behind docs/cpu_recipe.md's averaging and α measurements (`scripts/averaging_probe.py`,
-`scripts/length_penalty_probe.py`), run on the tiny trained folder and pointed at its own held-out pairs: where a
-probe decodes what the run decoded, it gives the run's own figures (the averaged model's test BLEU and chrF, the
-validation BLEU of each α the run tried), an average of one checkpoint scores as that checkpoint, and the folder is left as it
-was. The averaging probe went two days broken before anyone ran it (issue 63): these run both probes every time."""
+"""The probes behind docs/cpu_recipe.md's and docs/budget_curve.md's measurements, run on the tiny trained folder or
+the 200-pair fixture and pointed at its own held-out pairs. The BLEU probes (`scripts/averaging_probe.py`,
+`scripts/length_penalty_probe.py`): where a probe decodes what the run decoded, it gives the run's own figures (the
+averaged model's test BLEU and chrF, the validation BLEU of each α the run tried), an average of one checkpoint scores
+as that checkpoint, and the folder is left as it was. The timing probes (`scripts/beam_cost_probe.py`,
+`scripts/update_speed_probe.py`): what they time and decode is what they were asked (their figures are timings, not
+asserted). The averaging probe went two days broken before anyone ran it (issue 63): these run the probes every time.
+`scripts/trial_batches_probe.py` reads the main job's corpus and is not run here."""
 
 from __future__ import annotations
 
@@ -93,3 +96,47 @@ def test_a_probe_given_one_held_out_file_of_two_names_both(script, trained_folde
     result = run_script(script, folder, "--test_files", HELD_OUT)
     assert result.returncode != 0
     assert f"--validation_files None and --test_files '{HELD_OUT}': expected both files or neither" in result.stderr
+
+
+@pytest.mark.slow  # 18 s: two decodings of the test pairs and four timed ones
+def test_the_beam_cost_probe_decodes_the_given_pairs_at_the_runs_beam_and_reads_its_own_figures(
+    trained_folder, tmp_path
+):
+    """`scripts/beam_cost_probe.py` (docs/budget_curve.md's beam cost): the run's beam and precision unless one is
+    given, a step's latency on the trained model and a fresh one of its size, the given test pairs decoded both ways;
+    the run's own re-predicted decoding only where its plan predicted one (a run of given length predicts none)."""
+    folder, _ = trained_folder
+    results = json.loads((folder / "results.json").read_text())
+    output = tmp_path / "beam_cost.json"
+    result = run_script("beam_cost_probe.py", folder, output, "bf16", "--test_files", HELD_OUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(output.read_text())
+    assert (found["beams"], found["precision"]) == (results["test"]["beams"], "bf16")  # the run's beam; bf16 as asked
+    assert found["median_batch"][0] <= 40 and found["test"]["sentences"] == 40
+    for model in ("trained", "fresh"):
+        steps = found[f"steps_{model}"]
+        assert steps["beam_step"] > 0 and steps["greedy_step"] > 0
+        assert steps["ratio"] == pytest.approx(steps["beam_step"] / steps["greedy_step"])
+    assert found["test"]["ratio"] == pytest.approx(found["test"]["beam"] / found["test"]["greedy"])
+    assert results["plan"]["predicted_decode_seconds"] is None and "run" not in found
+    refused = run_script("beam_cost_probe.py", folder, output, "fp16")
+    assert refused.returncode != 0 and "invalid choice: 'fp16'" in refused.stderr
+
+
+@pytest.mark.slow  # two short training runs in processes of their own
+def test_the_update_speed_probe_times_the_updates_asked_and_padding_changes_shapes_not_tokens(tmp_path):
+    """`scripts/update_speed_probe.py` (docs/cpu_recipe.md's batch shapes and primitive cache) on the 200-pair
+    fixture, its flags over the main job's: updates 2 to 6 timed, with the lengths padded to 1 and to 8: the same
+    batches (the same target tokens trained on), no more distinct shapes padded to 8."""
+    data = ["--data_files", FIXTURES / "libreoffice_help_en_de_200.tsv", "--vocab_size", "500", "--preset", "tiny"]
+    data += ["--validation_files", HELD_OUT, "--test_files", HELD_OUT, "--precision", "fp32"]
+    figures = {}
+    for multiple in (1, 8):
+        command = [str(multiple), "6", "2", *data, "--output_dir", tmp_path / f"padded-{multiple}"]
+        result = run_script("update_speed_probe.py", *command)
+        assert result.returncode == 0, result.stderr[-3000:]
+        (figures[multiple],) = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"')]
+        assert figures[multiple]["updates"] == [2, 6] and figures[multiple]["seconds_per_update"] > 0
+        assert figures[multiple]["multiple"] == multiple and "--preset" in figures[multiple]["flags"]
+    assert figures[1]["tokens"] == figures[8]["tokens"] > 0
+    assert 1 <= figures[8]["shapes_in_epoch"] <= figures[1]["shapes_in_epoch"]  # a batch a shape, or fewer

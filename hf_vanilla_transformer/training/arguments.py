@@ -238,7 +238,7 @@ class ModelDataArguments:
         metadata={
             "help": "The run's dropout from the epochs its plan predicts (a budget's, or a given length's), as "
             "epochs:dropout pairs (e.g. 12:0.1: 0.1 from 12 epochs on; below the first, --dropout or the size's own); "
-            "a --dropout given on the command line turns it off."
+            "a --dropout given on the command line (or by a recipe over the one that holds this) turns it off."
         },
     )
     peak_by_start_bleu: str | None = field(
@@ -246,7 +246,8 @@ class ModelDataArguments:
         metadata={
             "help": "Fine-tuning: the peak learning rate from the starting model's validation BLEU (greedy, measured "
             "before the first update), as bleu:peak pairs (e.g. 20:8e-4: a start below 20 gets 8e-4; at or above "
-            "every bound, --peak_learning_rate); a --peak_learning_rate given on the command line turns it off."
+            "every bound, --peak_learning_rate); a --peak_learning_rate given on the command line (or by a recipe "
+            "over the one that holds this) turns it off."
         },
     )
     warmup_by_start_bleu: str | None = field(
@@ -254,7 +255,7 @@ class ModelDataArguments:
         metadata={
             "help": "Fine-tuning: the warmup from the starting model's validation BLEU, as bleu:updates pairs (e.g. "
             "20:1000: a start below 20 warms up for 1,000 updates; at or above every bound, --warmup_steps); a "
-            "--warmup_steps given on the command line turns it off."
+            "--warmup_steps given on the command line (or by a recipe over the one that holds this) turns it off."
         },
     )
     plateau_validations: int | None = field(

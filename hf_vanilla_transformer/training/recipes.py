@@ -41,6 +41,21 @@ def recipe_file(name: str | Path) -> Path:
 
 EXTENDS = "extends"  # a recipe's key that names the recipe it is written over ("machine": this machine's, cpu or gpu)
 FINE_TUNING = "finetune"  # the recipe of a run that starts from a saved model (`--model_name_or_path`), by default
+# A value given (on the command line, or by a recipe over the one it extends) is the run's own: the rule that would
+# set it from what the run measures is turned off, unless the same place gives the rule too.
+RULE_OF_VALUE = {
+    "dropout": "dropout_by_epochs",  # a dropout given is the run's, whatever its epochs
+    "peak_learning_rate": "peak_by_start_bleu",  # a peak given is the run's, whatever its start scores
+    "warmup_steps": "warmup_by_start_bleu",  # so is a warmup given
+}
+
+
+def rules_given_values_turn_off(given: set[str], under) -> dict:
+    """The rules (None) that values in `given` turn off (`RULE_OF_VALUE`), where `given` does not name the rule itself
+    and `under` (the values below: the recipe extended, or the recipe of a command line) has the rule."""
+    return {
+        rule: None for value, rule in RULE_OF_VALUE.items() if value in given and rule not in given and rule in under
+    }
 
 
 def read_recipe(name: str | Path) -> dict:
@@ -67,7 +82,9 @@ def recipe_values(name: str | Path, argv: list[str] | None = None) -> dict:
         if base in seen:
             raise ValueError(f"recipe {seen[0]!r} extends {base!r}, which extends it again: {' -> '.join(seen)}.")
         seen.append(base)
-        values = {**read_recipe(base), **values}
+        under = read_recipe(base)
+        given = {name for name, value in values.items() if value is not None}  # null: the default, no value given
+        values = {**under, **values, **rules_given_values_turn_off(given, under)}
     return values
 
 
@@ -120,12 +137,7 @@ def parse_arguments(
     changes = {}
     if "bf16" in given or "fp16" in given:  # an explicit mixed precision fixes what `auto` would measure
         changes["precision"] = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-    if "dropout" in given and "dropout_by_epochs" not in given:  # a dropout given is the run's, whatever its epochs
-        changes["dropout_by_epochs"] = None
-    if "peak_learning_rate" in given and "peak_by_start_bleu" not in given:  # a peak given is the run's, whatever
-        changes["peak_by_start_bleu"] = None  # its start scores
-    if "warmup_steps" in given and "warmup_by_start_bleu" not in given:  # so is a warmup given
-        changes["warmup_by_start_bleu"] = None
+    changes.update(rules_given_values_turn_off(given, set(recipe.__dataclass_fields__)))
     if "peak_learning_rate" in given:  # the command line's peak is the run's own preset's and update size's ...
         for owner in ("peak_learning_rate_preset", "lr_reference_tokens"):
             if owner not in given:  # ... not those the recipe named for its own peak

@@ -9,10 +9,12 @@ from __future__ import annotations
 import functools
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -187,13 +189,26 @@ def staged(precisions, attentions, compiles, best: Callable[[list[Candidate]], C
 
 def checkpoint_seconds(inputs: PlanInputs, model) -> float:
     """A checkpoint's seconds where the run spaces its checkpoints per run (which the plan pays), else 0."""
-    return measure_checkpoint_seconds(model) if inputs.rules.events.checkpoints_per_run else 0.0
+    args = inputs.settings.args
+    if not inputs.rules.events.checkpoints_per_run or not args.should_save:  # only the process that writes them
+        return 0.0
+    return measure_checkpoint_seconds(model, args.output_dir)
 
 
-def measure_checkpoint_seconds(model: torch.nn.Module) -> float:
-    """Seconds to write the model and an Adam state of its size, as a checkpoint does."""
+TIMED_CHECKPOINT = ".timed-checkpoint-"  # the prefix of the plan's timed checkpoint's temporary folder
+
+
+def measure_checkpoint_seconds(model: torch.nn.Module, near: str | os.PathLike | None = None) -> float:
+    """Seconds to write the model and an Adam state of its size, as a checkpoint does: in a temporary folder inside
+    `near` (the run's output folder, where its checkpoints go: the same disk), removed after; the system's temporary
+    folder where `near` is None or no folder (a memory-backed /tmp would time a slow disk's checkpoint too short)."""
     state = {name: (torch.zeros_like(p), torch.zeros_like(p)) for name, p in model.named_parameters()}
-    with tempfile.TemporaryDirectory() as folder:
+    place = near if near is not None and os.path.isdir(near) else None
+    if place is not None:  # one a killed run left behind (never a link: nothing is followed)
+        for stale in Path(place).glob(f"{TIMED_CHECKPOINT}*"):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale)
+    with tempfile.TemporaryDirectory(dir=place, prefix=TIMED_CHECKPOINT) as folder:
         began = time.perf_counter()
         model.save_pretrained(folder)
         torch.save(state, os.path.join(folder, "optimizer.pt"))

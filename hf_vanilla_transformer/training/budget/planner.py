@@ -303,7 +303,9 @@ def schedule(
     if rules.validates and evaluate:
         cadence += f", validation every {evaluate:,}"
     cadence += "".join(f" ({rule['said']}: {rule['rule']})" for rule in settings.fired)
-    if warmup < settings.rate.warmup:
+    uncut = warmup_for(max_steps, settings.rate.warmup)
+    if warmup < uncut:  # said after the rule that set the warmup (a fine-tuning start's), which it cuts
+        cadence += f" (warmup cut from {uncut:,} to {warmup:,}: max_warmup_fraction)"
         fired.append({"rule": "max_warmup_fraction", "said": f"warmup cut to {warmup:,}"})
     if dropout is not None:
         cadence += f"; dropout {dropout:g} for {epochs:.1f} epochs of the corpus"
