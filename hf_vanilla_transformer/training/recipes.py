@@ -50,11 +50,13 @@ RULE_OF_VALUE = {
 }
 
 
-def rules_given_values_turn_off(given: set[str], under) -> dict:
+def rules_given_values_turn_off(given: set[str], under: dict | None = None) -> dict:
     """The rules (None) that values in `given` turn off (`RULE_OF_VALUE`), where `given` does not name the rule itself
-    and `under` (the values below: the recipe extended, or the recipe of a command line) has the rule."""
+    and `under` (the values of the recipe extended; None: the command line's, over every flag) has the rule."""
     return {
-        rule: None for value, rule in RULE_OF_VALUE.items() if value in given and rule not in given and rule in under
+        rule: None
+        for value, rule in RULE_OF_VALUE.items()
+        if value in given and rule not in given and (under is None or rule in under)
     }
 
 
@@ -137,7 +139,7 @@ def parse_arguments(
     changes = {}
     if "bf16" in given or "fp16" in given:  # an explicit mixed precision fixes what `auto` would measure
         changes["precision"] = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-    changes.update(rules_given_values_turn_off(given, set(recipe.__dataclass_fields__)))
+    changes.update(rules_given_values_turn_off(given))
     if "peak_learning_rate" in given:  # the command line's peak is the run's own preset's and update size's ...
         for owner in ("peak_learning_rate_preset", "lr_reference_tokens"):
             if owner not in given:  # ... not those the recipe named for its own peak
