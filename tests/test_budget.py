@@ -20,11 +20,7 @@ from transformers import TrainerControl, TrainerState
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.sharing.plots import attention_map_panels
-from hf_vanilla_transformer.training.arguments import (
-    ModelDataArguments,
-    TransformerTrainingArguments,
-    check_schedule_arguments,
-)
+from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
 from hf_vanilla_transformer.training.averaging import choose_checkpoints, validation_losses
 from hf_vanilla_transformer.training.budget.calibration import measure_updates
 from hf_vanilla_transformer.training.budget.clock import FINISHING_SECONDS, BudgetClock, finishing_seconds
@@ -42,6 +38,7 @@ from hf_vanilla_transformer.training.budget.record import recorded_plan
 from hf_vanilla_transformer.training.budget.replanning import Switch, better_candidate, refit
 from hf_vanilla_transformer.training.budget.schedule import EventRule, event_spacing, spacing_for, warmup_for
 from hf_vanilla_transformer.training.checkpoints import latest_checkpoint
+from hf_vanilla_transformer.training.checks import check_schedule_arguments
 from hf_vanilla_transformer.training.choices import preset_choices
 from hf_vanilla_transformer.training.models import build_model
 from hf_vanilla_transformer.training.recipes import parse_arguments, read_recipe

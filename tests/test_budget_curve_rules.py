@@ -1,11 +1,13 @@
 """The rules that make the recipe hold from a few minutes to hours (issue 63): the sizes grow with the budget
 (`size_min_updates`, measured only where the anchor's time allows), dropout follows the predicted epochs
 (`dropout_by_epochs`), a plateau of validation BLEU ends a run early and says so (`plateau_validations`), the
-collapse guard judges a model only once it has seen an epoch, and the measuring step keeps the budget."""
+collapse guard judges a model only once it has seen an epoch, the measuring step keeps the budget, and the
+checkpoints averaged follow the predicted epochs (`average_last_by_epochs`)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,16 +15,20 @@ from test_budget import _small_or_tiny, _staged_plan
 from transformers import TrainerControl, TrainerState
 
 from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
+from hf_vanilla_transformer.training.averaging import choose_checkpoints
 from hf_vanilla_transformer.training.budget import BudgetClock, BudgetError, apply_plan
 from hf_vanilla_transformer.training.budget.calibration import measure_updates
-from hf_vanilla_transformer.training.budget.schedule import dropout_for
+from hf_vanilla_transformer.training.budget.plan import BudgetPlan
+from hf_vanilla_transformer.training.budget.schedule import EventRule, averaging_for, dropout_for, event_spacing
 from hf_vanilla_transformer.training.callbacks import PlateauCallback
-from hf_vanilla_transformer.training.choices import dropout_by_epochs, size_min_updates
+from hf_vanilla_transformer.training.choices import average_last_by_epochs, dropout_by_epochs, size_min_updates
 from hf_vanilla_transformer.training.collapse import NOTHING_BELOW, SourceCheckCallback
-from hf_vanilla_transformer.training.recipes import parse_arguments
+from hf_vanilla_transformer.training.recipes import parse_arguments, read_recipe
 from hf_vanilla_transformer.training.results import fired_rules
+from hf_vanilla_transformer.training.run import train_and_evaluate
+from hf_vanilla_transformer.training.settings import settle
 
-from conftest import plan_of, tiny_model
+from conftest import FIXTURES, plan_of, tiny_model
 
 
 BASE, SMALL = 512, 256
@@ -84,6 +90,72 @@ def test_dropout_follows_the_epochs_the_plan_predicts(tmp_path, monkeypatch):
     assert model.model.decoder.layers[0].self_attn.attention_dropout == 0.0  # not §5.4's: left alone
     recipe, _ = parse_arguments(["--recipe", "cpu", "--output_dir", str(tmp_path), "--dropout", "0.2"])
     assert recipe.dropout == 0.2 and recipe.dropout_by_epochs is None
+
+
+def test_the_checkpoints_averaged_follow_the_epochs_the_plan_predicts(tmp_path, monkeypatch):
+    """`average_last_by_epochs`: a run predicted to reach a step's epochs averages that step's count of checkpoints,
+    its window widened to hold them (half a spacing to spare), never narrowed; below the first step, the recipe's
+    count and window. The plan holds the choice, says it, records it (a resumed run reads it back), and the budget's
+    margin after the test decoding counts the checkpoints it reads; a count or a window given turns the rule off."""
+    steps = average_last_by_epochs(ModelDataArguments(average_last_by_epochs="30:10, 20:8"))
+    assert steps == [(20.0, 8), (30.0, 10)]
+    for bad in ("20:2.5", "20:0", "-1:8", "many:8"):
+        with pytest.raises(ValueError, match=rf"average_last_by_epochs='{bad}' holds '{bad}'; expected epochs:"):
+            average_last_by_epochs(ModelDataArguments(average_last_by_epochs=bad))
+    assert averaging_for(steps, 19.9, 1000, 12000, 1 / 3) is None
+    assert averaging_for(steps, 20.0, 1000, 12000, 1 / 3) == (8, 0.625)
+    assert averaging_for(steps, 35.0, 1000, 12000, 1 / 3) == (10, 0.7916666666666666)
+    assert averaging_for(steps, 20.0, 1000, 12000, 0.9) == (8, 0.9)  # never narrower than the recipe's
+    assert averaging_for(steps, 35.0, 2000, 12000, 1 / 3) == (10, 1.0)  # at most the whole run
+    # The recipe's 12 checkpoints a run, wherever the run ends: the rule's window holds its count, the recipe's its 5.
+    recipe, _ = parse_arguments(["--recipe", "cpu", "--output_dir", str(tmp_path)])
+    (epochs, count), *_ = average_last_by_epochs(recipe)
+    for max_steps in (9004, 12854, 22295, 25666):
+        save, _ = event_spacing(max_steps, EventRule(recipe.checkpoints_per_run, recipe.evaluations_per_run))
+        saved = [Path(f"checkpoint-{step}") for step in (*range(save, max_steps, save), max_steps)]
+        last, window = averaging_for(average_last_by_epochs(recipe), epochs, save, max_steps, recipe.average_window)
+        assert choose_checkpoints(saved, last, window) == saved[-count:], max_steps
+        assert choose_checkpoints(saved, recipe.average_last, recipe.average_window) == saved[-5:], max_steps
+    # The plan's choice, said and recorded, and read back from its record.
+    recipe = _small_or_tiny(preset="tiny", preset_choices=None, max_minutes=30, average_last_by_epochs="0:3")
+    plan, _, _ = _staged_plan(tmp_path / "a", monkeypatch, recipe)
+    widened = max(recipe.average_window, 2.5 * plan.schedule.save_steps / plan.schedule.max_steps)
+    assert (plan.choice.average_last, plan.choice.average_window) == (3, min(1.0, widened))
+    assert "the last 3 checkpoints averaged, from the last " in plan.summary()
+    assert {"rule": "average_last_by_epochs"}.items() <= plan.record.rules[-1].items()
+    assert BudgetPlan.from_dict(plan.to_dict()).averaging(5, 0.3) == (3, plan.choice.average_window)
+    recipe = _small_or_tiny(preset="tiny", preset_choices=None, max_minutes=30, average_last_by_epochs="1e9:3")
+    plan_none, _, _ = _staged_plan(tmp_path / "b", monkeypatch, recipe)
+    assert plan_none.choice.average_last is None and plan_none.averaging(5, 0.3) == (5, 0.3)
+    assert plan_none.record.rules == []
+    # A count or a window given on the command line is the run's, whatever its epochs; both with the rule, the rule.
+    assert read_recipe("cpu")["average_last_by_epochs"]
+    for flags in (["--average_last", "3"], ["--average_window", "0.5"]):
+        recipe, _ = parse_arguments(["--recipe", "cpu", "--output_dir", str(tmp_path), *flags])
+        assert recipe.average_last_by_epochs is None, flags
+    given = ["--average_last", "3", "--average_last_by_epochs", "9:4"]
+    recipe, _ = parse_arguments(["--recipe", "cpu", "--output_dir", str(tmp_path), *given])
+    assert (recipe.average_last, recipe.average_last_by_epochs) == (3, "9:4")
+
+
+@pytest.mark.slow  # a tiny run of 40 updates in this process: about 10 s
+def test_a_run_averages_the_checkpoints_its_predicted_epochs_choose(tmp_path):
+    """A run whose predicted epochs reach the rule's step averages the rule's count (3 of its 4 checkpoints: 20, 30,
+    40), where the recipe's own (the last 2 from the last third) would have averaged 30 and 40; results.json says
+    which, and why."""
+    recipe = ModelDataArguments(
+        preset="tiny", vocab_size=500, data_files=str(FIXTURES / "libreoffice_help_en_de_200.tsv"),
+        test_files=str(FIXTURES / "libreoffice_help_en_de_test_40.tsv"), precision="fp32", attn_implementation="sdpa",
+        test_beams=1, checkpoints_per_run=4, average_last=2, average_last_by_epochs="0:3",
+    )  # fmt: skip
+    args = TransformerTrainingArguments(
+        output_dir=str(tmp_path / "run"), max_steps=40, warmup_steps=10, seed=3, use_cpu=True, disable_tqdm=True,
+        report_to=[], eval_strategy="no",
+    )  # fmt: skip
+    results = train_and_evaluate(settle(recipe, args))
+    assert results["averaged_checkpoints"] == ["checkpoint-20", "checkpoint-30", "checkpoint-40"]
+    assert (results["plan"]["average_last"], results["plan"]["average_window"]) == (3, 0.625)
+    assert "average_last_by_epochs" in {rule["rule"] for rule in results["plan"]["rules"]}
 
 
 def validate(callback, step: int, gain: float, max_steps: int = 5000, warmup: int = 100) -> TrainerControl:

@@ -15,15 +15,11 @@ from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.evaluation.translation import evaluate_translations
 from hf_vanilla_transformer.model import REMOTE_CODE_FILES
 from hf_vanilla_transformer.training import callbacks as callbacks_module
-from hf_vanilla_transformer.training.arguments import (
-    ModelDataArguments,
-    TransformerTrainingArguments,
-    check_recipe_arguments,
-    check_schedule_arguments,
-)
+from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
 from hf_vanilla_transformer.training.averaging import average_checkpoints, average_last_checkpoints, checkpoint_folders
 from hf_vanilla_transformer.training.budget.schedule import cooldown_shape, noam_schedule, noam_shape
 from hf_vanilla_transformer.training.callbacks import TrainingProgressCallback
+from hf_vanilla_transformer.training.checks import check_recipe_arguments, check_schedule_arguments
 from hf_vanilla_transformer.training.choices import length_penalty_choices
 from hf_vanilla_transformer.training.models import build_model, parse_config_overrides
 from hf_vanilla_transformer.training.run import prepare_run

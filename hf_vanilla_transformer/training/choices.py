@@ -73,6 +73,16 @@ def dropout_by_epochs(recipe) -> list[tuple[float, float]]:
     )
 
 
+def average_last_by_epochs(recipe) -> list[tuple[float, int]]:
+    """The (epochs, checkpoints) steps of `average_last_by_epochs`, fewest epochs first; [] when not given. A
+    ValueError names a bad pair."""
+    expected = "epochs:checkpoints pairs of epochs >= 0 and a whole number of checkpoints >= 1, such as '20:8'"
+    pairs = _number_pairs(
+        recipe, "average_last_by_epochs", lambda epochs, last: epochs >= 0 and last >= 1 and last % 1 == 0, expected
+    )
+    return [(epochs, int(last)) for epochs, last in pairs]
+
+
 def peak_by_start_bleu(recipe) -> list[tuple[float, float]]:
     """The (validation BLEU, peak learning rate) steps of `peak_by_start_bleu`, lowest BLEU first; [] when not
     given. A ValueError names a bad pair."""

@@ -43,8 +43,9 @@ def finish_run(
         (output_dir / "results.json").unlink(missing_ok=True)
         lap = _Lap(outcome.finishing)
         # 6. Average the last checkpoints into the model folder (§6.1).
+        last, window = training.budget.plan.averaging(recipe.average_last, recipe.average_window)
         model, outcome.averaged = average_last_checkpoints(
-            output_dir, output_dir, recipe.average_last, recipe.average_window, trainer.state.log_history
+            output_dir, output_dir, last, window, trainer.state.log_history
         )
         save_tokenizer(data.tokenizer, output_dir)  # the keys its class defines only (no source's auto_map)
         model.to(trainer.args.device)

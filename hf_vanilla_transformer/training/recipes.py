@@ -47,6 +47,8 @@ RULE_OF_VALUE = {
     "dropout": "dropout_by_epochs",  # a dropout given is the run's, whatever its epochs
     "peak_learning_rate": "peak_by_start_bleu",  # a peak given is the run's, whatever its start scores
     "warmup_steps": "warmup_by_start_bleu",  # so is a warmup given
+    "average_last": "average_last_by_epochs",  # and the checkpoints averaged given ...
+    "average_window": "average_last_by_epochs",  # ... or the fraction of the run they come from
 }
 
 

@@ -20,9 +20,11 @@ import torch
 from ..data.batching import accumulation_steps
 from ..model.configuration_vanilla_transformer import PRESETS
 from ..utils.device import attention_choices, check_precision, device_precisions, training_device
-from .arguments import ModelDataArguments, TransformerTrainingArguments, check_run_arguments
+from .arguments import ModelDataArguments, TransformerTrainingArguments
 from .budget import COMPILE_AFTER_MINUTES, COMPILE_AFTER_UPDATES, RateRule, UpdateChoices, trainer_optimizer
+from .checks import check_run_arguments
 from .choices import (
+    average_last_by_epochs,
     budgeted,
     dropout_by_epochs,
     length_penalty_choices,
@@ -74,6 +76,7 @@ class RunSettings:
     # user's own files (`--data_files`) only with `--publish_examples`.
     publishes_examples: bool = True
     dropout_steps: tuple[tuple[float, float], ...] = ()  # the dropout by predicted epochs (`dropout_by_epochs`)
+    averaging_steps: tuple[tuple[float, int], ...] = ()  # the checkpoints averaged by them (`average_last_by_epochs`)
     size_min_updates: tuple[tuple[str, int], ...] = ()  # the sizes that need more updates (`size_min_updates`)
     start_peaks: tuple[tuple[float, float], ...] = ()  # a fine-tuning run's peak by its start (`peak_by_start_bleu`)
     start_warmups: tuple[tuple[float, float], ...] = ()  # ... and its warmup (`warmup_by_start_bleu`)
@@ -141,6 +144,9 @@ class RunSettings:
             "size_min_updates": recipe.size_min_updates,
             "dropout": recipe.dropout,
             "dropout_by_epochs": recipe.dropout_by_epochs,
+            "average_last": recipe.average_last,
+            "average_window": recipe.average_window,
+            "average_last_by_epochs": recipe.average_last_by_epochs,
             "peak_by_start_bleu": recipe.peak_by_start_bleu,
             "warmup_by_start_bleu": recipe.warmup_by_start_bleu,
             "max_epochs": recipe.max_epochs,
@@ -191,6 +197,7 @@ def settle(recipe: ModelDataArguments, args: TransformerTrainingArguments, devic
         optimizer=trainer_optimizer(args),
         publishes_examples=recipe.publish_examples or not recipe.data_files,
         dropout_steps=tuple(dropout_by_epochs(recipe)),
+        averaging_steps=tuple(average_last_by_epochs(recipe)),
         size_min_updates=tuple(size_min_updates(recipe).items()),
         start_peaks=tuple(peak_by_start_bleu(recipe)) if recipe.model_name_or_path else (),
         start_warmups=tuple(warmup_by_start_bleu(recipe)) if recipe.model_name_or_path else (),

@@ -33,7 +33,8 @@ class Choice:
     """What trains (decided): the model size (None: the recipe's), the batch (`max_tokens` padded source and target
     tokens), the batches per update (None in plans recorded before it), the precision ("fp32", "bf16", and on CUDA
     "fp16" or "tf32": utils/device.py), the attention implementation, whether the step is compiled, and the dropout
-    the run's predicted epochs ask for (None: the model's own; `schedule.dropout_for`)."""
+    the run's predicted epochs ask for (None: the model's own; `schedule.dropout_for`), and the checkpoints they
+    average and the last fraction of the run those come from (None: the recipe's; `schedule.averaging_for`)."""
 
     preset: str | None = None
     max_tokens: int | None = None
@@ -42,6 +43,8 @@ class Choice:
     attn_implementation: str | None = None
     torch_compile: bool = False
     dropout: float | None = None
+    average_last: int | None = None
+    average_window: float | None = None
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ class Record:
     ("fp32/eager" -> seconds per update), the reasons in words, every (preset, batch size) calibrated in the recipe's
     order with its seconds per update (what a switch may choose: `replanning.better_candidate`), the Trainer's
     trial (its update, the calibration's on the same batches, the difference), and the recipe's rules that decided
-    something in this plan (`{"rule": the recipe's value, "said": in words}`: the size, the dropout, a cut warmup)."""
+    something in this plan (`{"rule": the recipe's value, "said": in words}`: the size, the dropout, a cut warmup,
+    the averaging)."""
 
     max_minutes: float | None = None
     measured: dict[str, float] = field(default_factory=dict)
@@ -156,6 +160,13 @@ class BudgetPlan:
         if missing:
             raise ValueError(f"a recorded plan lacks {', '.join(missing)}; expected every one of {', '.join(RECORDED)}")
         return cls.of(**{name: value for name, value in data.items() if name in PART_OF})
+
+    def averaging(self, last: int, window: float) -> tuple[int, float]:
+        """The checkpoints the run averages and the last fraction of the run they come from: the plan's where the
+        run's predicted epochs chose them (`average_last_by_epochs`), else `last` and `window` (the recipe's)."""
+        if self.choice.average_last is None:
+            return last, window
+        return self.choice.average_last, self.choice.average_window or window
 
     def summary(self) -> str:
         """One line a person reads at the start of a run: what was chosen and why."""

@@ -31,7 +31,7 @@ from .measuring import Sized, calibration_of, decoding_on_gpu, measure_size, mea
 from .plan import Budgeted, BudgetPlan
 from .record import complete_recorded_plan, recorded_plan, write_plan
 from .replanning import Switch
-from .schedule import EventRule, dropout_for, event_spacing, learning_rate, warmup_for
+from .schedule import EventRule, averaging_for, dropout_for, event_spacing, learning_rate, warmup_for
 from .trainer_speed import trainer_ratio
 
 
@@ -310,8 +310,16 @@ def schedule(
     if dropout is not None:
         cadence += f"; dropout {dropout:g} for {epochs:.1f} epochs of the corpus"
         fired.append({"rule": "dropout_by_epochs", "said": f"dropout {dropout:g} ({epochs:.1f} epochs predicted)"})
+    averaging = averaging_for(settings.averaging_steps, epochs, save, max_steps, settings.recipe.average_window)
+    if averaging is not None:
+        said = f"the last {averaging[0]} checkpoints averaged, from the last {averaging[1]:.0%} of the run"
+        cadence += f"; {said} for {epochs:.1f} epochs"
+        fired.append({"rule": "average_last_by_epochs", "said": f"{said} ({epochs:.1f} epochs predicted)"})
+    last, window = averaging or (None, None)
     return BudgetPlan.of(
         dropout=dropout,
+        average_last=last,
+        average_window=window,
         rules=fired,
         max_steps=max_steps,
         warmup_steps=warmup,
