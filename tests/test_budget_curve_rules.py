@@ -92,11 +92,12 @@ def test_dropout_follows_the_epochs_the_plan_predicts(tmp_path, monkeypatch):
     assert recipe.dropout == 0.2 and recipe.dropout_by_epochs is None
 
 
-def test_the_checkpoints_averaged_follow_the_epochs_the_plan_predicts(tmp_path, monkeypatch):
-    """`average_last_by_epochs`: a run predicted to reach a step's epochs averages that step's count of checkpoints,
-    its window widened to hold them (half a spacing to spare), never narrowed; below the first step, the recipe's
-    count and window. The plan holds the choice, says it, records it (a resumed run reads it back), and the budget's
-    margin after the test decoding counts the checkpoints it reads; a count or a window given turns the rule off."""
+def test_the_checkpoints_averaged_follow_the_epochs_of_the_run(tmp_path, monkeypatch):
+    """`average_last_by_epochs`: a run whose epochs reach a step's averages that step's count of checkpoints, its
+    window widened to hold them from its last checkpoint back (half a spacing to spare; a run stopped early too),
+    never narrowed; below the first step, the recipe's count and window. The plan predicts the count from its
+    epochs, says it and records it (a resumed run reads it back; the budget's margin after the test decoding counts
+    the checkpoints it reads); a count or a window given turns the rule off."""
     steps = average_last_by_epochs(ModelDataArguments(average_last_by_epochs="30:10, 20:8"))
     assert steps == [(20.0, 8), (30.0, 10)]
     for bad in ("20:2.5", "20:0", "-1:8", "many:8"):
@@ -107,29 +108,34 @@ def test_the_checkpoints_averaged_follow_the_epochs_the_plan_predicts(tmp_path, 
     assert averaging_for(steps, 35.0, 1000, 12000, 1 / 3) == (10, 0.7916666666666666)
     assert averaging_for(steps, 20.0, 1000, 12000, 0.9) == (8, 0.9)  # never narrower than the recipe's
     assert averaging_for(steps, 35.0, 2000, 12000, 1 / 3) == (10, 1.0)  # at most the whole run
-    # The recipe's 12 checkpoints a run, wherever the run ends: the rule's window holds its count, the recipe's its 5.
+    # The recipe's 12 checkpoints a run, wherever the run ends (its planned length, or stopped early by its deadline
+    # between two checkpoints or by its plateau at one): the rule's window holds its count; the recipe's holds its 5
+    # where the run ends as planned.
     recipe, _ = parse_arguments(["--recipe", "cpu", "--output_dir", str(tmp_path)])
     (epochs, count), *_ = average_last_by_epochs(recipe)
     for max_steps in (9004, 12854, 22295, 25666):
         save, _ = event_spacing(max_steps, EventRule(recipe.checkpoints_per_run, recipe.evaluations_per_run))
-        saved = [Path(f"checkpoint-{step}") for step in (*range(save, max_steps, save), max_steps)]
-        last, window = averaging_for(average_last_by_epochs(recipe), epochs, save, max_steps, recipe.average_window)
-        assert choose_checkpoints(saved, last, window) == saved[-count:], max_steps
-        assert choose_checkpoints(saved, recipe.average_last, recipe.average_window) == saved[-5:], max_steps
-    # The plan's choice, said and recorded, and read back from its record.
+        for stop in (max_steps, 10 * save + save // 2, 10 * save, 8 * save):
+            saved = [Path(f"checkpoint-{step}") for step in (*range(save, stop, save), stop)]
+            last, window = averaging_for(average_last_by_epochs(recipe), epochs, save, stop, recipe.average_window)
+            assert choose_checkpoints(saved, last, window) == saved[-count:], (max_steps, stop)
+            if stop == max_steps:
+                assert len(saved) == 12 and choose_checkpoints(saved, 5, recipe.average_window) == saved[-5:]
+    # The plan's prediction, said and recorded, and read back from its record.
     recipe = _small_or_tiny(preset="tiny", preset_choices=None, max_minutes=30, average_last_by_epochs="0:3")
     plan, _, _ = _staged_plan(tmp_path / "a", monkeypatch, recipe)
-    widened = max(recipe.average_window, 2.5 * plan.schedule.save_steps / plan.schedule.max_steps)
-    assert (plan.choice.average_last, plan.choice.average_window) == (3, min(1.0, widened))
-    assert "the last 3 checkpoints averaged, from the last " in plan.summary()
+    assert plan.choice.average_last == 3 and "; the last 3 checkpoints averaged for " in plan.summary()
     assert {"rule": "average_last_by_epochs"}.items() <= plan.record.rules[-1].items()
-    assert BudgetPlan.from_dict(plan.to_dict()).averaging(5, 0.3) == (3, plan.choice.average_window)
+    assert BudgetPlan.from_dict(plan.to_dict()).choice.average_last == 3
     recipe = _small_or_tiny(preset="tiny", preset_choices=None, max_minutes=30, average_last_by_epochs="1e9:3")
     plan_none, _, _ = _staged_plan(tmp_path / "b", monkeypatch, recipe)
-    assert plan_none.choice.average_last is None and plan_none.averaging(5, 0.3) == (5, 0.3)
-    assert plan_none.record.rules == []
+    assert plan_none.choice.average_last is None and plan_none.record.rules == []
+    assert "checkpoints averaged" not in plan_none.summary()
     # A count or a window given on the command line is the run's, whatever its epochs; both with the rule, the rule.
+    # The fine-tuning recipe turns it off over the machine recipe's.
     assert read_recipe("cpu")["average_last_by_epochs"]
+    recipe, _ = parse_arguments(["--recipe", "finetune", "--output_dir", str(tmp_path), "--model_name_or_path", "m"])
+    assert recipe.average_last_by_epochs is None and recipe.average_last == read_recipe("cpu")["average_last"]
     for flags in (["--average_last", "3"], ["--average_window", "0.5"]):
         recipe, _ = parse_arguments(["--recipe", "cpu", "--output_dir", str(tmp_path), *flags])
         assert recipe.average_last_by_epochs is None, flags
@@ -139,10 +145,10 @@ def test_the_checkpoints_averaged_follow_the_epochs_the_plan_predicts(tmp_path, 
 
 
 @pytest.mark.slow  # a tiny run of 40 updates in this process: about 10 s
-def test_a_run_averages_the_checkpoints_its_predicted_epochs_choose(tmp_path):
-    """A run whose predicted epochs reach the rule's step averages the rule's count (3 of its 4 checkpoints: 20, 30,
-    40), where the recipe's own (the last 2 from the last third) would have averaged 30 and 40; results.json says
-    which, and why."""
+def test_a_run_averages_the_checkpoints_its_epochs_choose(tmp_path):
+    """A run whose epochs reach the rule's step averages the rule's count (3 of its 4 checkpoints: 20, 30, 40), where
+    the recipe's own (the last 2 from the last third) would have averaged 30 and 40; results.json says which, and
+    why."""
     recipe = ModelDataArguments(
         preset="tiny", vocab_size=500, data_files=str(FIXTURES / "libreoffice_help_en_de_200.tsv"),
         test_files=str(FIXTURES / "libreoffice_help_en_de_test_40.tsv"), precision="fp32", attn_implementation="sdpa",
@@ -154,7 +160,7 @@ def test_a_run_averages_the_checkpoints_its_predicted_epochs_choose(tmp_path):
     )  # fmt: skip
     results = train_and_evaluate(settle(recipe, args))
     assert results["averaged_checkpoints"] == ["checkpoint-20", "checkpoint-30", "checkpoint-40"]
-    assert (results["plan"]["average_last"], results["plan"]["average_window"]) == (3, 0.625)
+    assert results["plan"]["average_last"] == 3
     assert "average_last_by_epochs" in {rule["rule"] for rule in results["plan"]["rules"]}
 
 

@@ -231,8 +231,8 @@ class ModelDataArguments:
     average_last_by_epochs: str | None = field(
         default=None,
         metadata={
-            "help": "The checkpoints averaged from the epochs the run's plan predicts, as epochs:checkpoints pairs "
-            "(e.g. 20:8: a run of 20 epochs or more averages its last 8, its --average_window widened to hold them; "
+            "help": "The checkpoints averaged from the epochs the run made, as epochs:checkpoints pairs (e.g. 20:8: "
+            "a run of 20 epochs or more averages its last 8, its --average_window widened to hold them; "
             "below the first, --average_last and --average_window); an --average_last or --average_window given on "
             "the command line (or by a recipe over the one that holds this) turns it off."
         },

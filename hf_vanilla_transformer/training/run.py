@@ -157,7 +157,7 @@ def prepare_training(
     # From here the averaging and the folder keep the chosen model's own seconds (its measured checkpoint), not the
     # margin the plan kept before it had one: the first re-plan gives the difference to training.
     checkpoint, panels = budgeted.plan.costs.checkpoint_seconds, attention_map_panels(model.config)
-    averaged, _ = budgeted.plan.averaging(recipe.average_last, recipe.average_window)
+    averaged = budgeted.plan.choice.average_last or recipe.average_last  # what its predicted epochs average
     clock = clock.with_finishing(finishing_seconds(checkpoint, averaged, panels))
     return build_trainer(settings, budgeted, model, data, clock)
 

@@ -33,8 +33,9 @@ class Choice:
     """What trains (decided): the model size (None: the recipe's), the batch (`max_tokens` padded source and target
     tokens), the batches per update (None in plans recorded before it), the precision ("fp32", "bf16", and on CUDA
     "fp16" or "tf32": utils/device.py), the attention implementation, whether the step is compiled, and the dropout
-    the run's predicted epochs ask for (None: the model's own; `schedule.dropout_for`), and the checkpoints they
-    average and the last fraction of the run those come from (None: the recipe's; `schedule.averaging_for`)."""
+    the run's predicted epochs ask for (None: the model's own; `schedule.dropout_for`), and the checkpoints they would
+    average (None: the recipe's; `schedule.averaging_for`: the plan's time for the averaging, the end decides again
+    on the epochs made, `finishing.averaging_of_run`)."""
 
     preset: str | None = None
     max_tokens: int | None = None
@@ -44,7 +45,6 @@ class Choice:
     torch_compile: bool = False
     dropout: float | None = None
     average_last: int | None = None
-    average_window: float | None = None
 
 
 @dataclass(frozen=True)
@@ -160,13 +160,6 @@ class BudgetPlan:
         if missing:
             raise ValueError(f"a recorded plan lacks {', '.join(missing)}; expected every one of {', '.join(RECORDED)}")
         return cls.of(**{name: value for name, value in data.items() if name in PART_OF})
-
-    def averaging(self, last: int, window: float) -> tuple[int, float]:
-        """The checkpoints the run averages and the last fraction of the run they come from: the plan's where the
-        run's predicted epochs chose them (`average_last_by_epochs`), else `last` and `window` (the recipe's)."""
-        if self.choice.average_last is None:
-            return last, window
-        return self.choice.average_last, self.choice.average_window or window
 
     def summary(self) -> str:
         """One line a person reads at the start of a run: what was chosen and why."""

@@ -310,16 +310,14 @@ def schedule(
     if dropout is not None:
         cadence += f"; dropout {dropout:g} for {epochs:.1f} epochs of the corpus"
         fired.append({"rule": "dropout_by_epochs", "said": f"dropout {dropout:g} ({epochs:.1f} epochs predicted)"})
-    averaging = averaging_for(settings.averaging_steps, epochs, save, max_steps, settings.recipe.average_window)
-    if averaging is not None:
-        said = f"the last {averaging[0]} checkpoints averaged, from the last {averaging[1]:.0%} of the run"
-        cadence += f"; {said} for {epochs:.1f} epochs"
-        fired.append({"rule": "average_last_by_epochs", "said": f"{said} ({epochs:.1f} epochs predicted)"})
-    last, window = averaging or (None, None)
+    last, _ = averaging_for(settings.averaging_steps, epochs, save, max_steps, 1.0) or (None, None)
+    if last is not None:  # the end decides again on the epochs made (finishing.averaging_of_run)
+        cadence += f"; the last {last} checkpoints averaged for {epochs:.1f} epochs"
+        said = f"the last {last} checkpoints averaged ({epochs:.1f} epochs predicted)"
+        fired.append({"rule": "average_last_by_epochs", "said": said})
     return BudgetPlan.of(
         dropout=dropout,
         average_last=last,
-        average_window=window,
         rules=fired,
         max_steps=max_steps,
         warmup_steps=warmup,
