@@ -34,7 +34,7 @@ def averaging_of_run(settings: RunSettings, training: Training) -> tuple[int, fl
     steps, args = trainer.state.global_step, trainer.args
     epochs = steps / updates_per_epoch(len(trainer.batch_sampler), args.gradient_accumulation_steps, args.world_size)
     spacing = training.budget.plan.schedule.save_steps or args.save_steps
-    chosen = averaging_for(list(settings.averaging_steps), epochs, spacing, steps, recipe.average_window)
+    chosen = averaging_for(settings.averaging_steps, epochs, spacing, steps, recipe.average_window)
     return chosen or (recipe.average_last, recipe.average_window)
 
 

@@ -31,7 +31,7 @@ from .measuring import Sized, calibration_of, decoding_on_gpu, measure_size, mea
 from .plan import Budgeted, BudgetPlan
 from .record import complete_recorded_plan, recorded_plan, write_plan
 from .replanning import Switch
-from .schedule import EventRule, averaging_for, dropout_for, event_spacing, learning_rate, warmup_for
+from .schedule import EventRule, dropout_for, event_spacing, learning_rate, reached_step, warmup_for
 from .trainer_speed import trainer_ratio
 
 
@@ -310,7 +310,7 @@ def schedule(
     if dropout is not None:
         cadence += f"; dropout {dropout:g} for {epochs:.1f} epochs of the corpus"
         fired.append({"rule": "dropout_by_epochs", "said": f"dropout {dropout:g} ({epochs:.1f} epochs predicted)"})
-    last, _ = averaging_for(settings.averaging_steps, epochs, save, max_steps, 1.0) or (None, None)
+    last = reached_step(settings.averaging_steps, epochs)  # the count the end averages at these epochs
     if last is not None:  # the end decides again on the epochs made (finishing.averaging_of_run)
         cadence += f"; the last {last} checkpoints averaged for {epochs:.1f} epochs"
         said = f"the last {last} checkpoints averaged ({epochs:.1f} epochs predicted)"

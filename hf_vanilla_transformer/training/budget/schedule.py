@@ -90,13 +90,19 @@ def warmup_for(max_steps: int, warmup: float, max_fraction: float | None = None)
     return max(1, updates)
 
 
+def reached_step(steps, epochs: float):
+    """The value of the last of `steps` ((epochs, value) pairs, fewest epochs first: a recipe's rule by epochs) that
+    `epochs` reaches; None below the first."""
+    reached = [value for least, value in steps if epochs >= least]
+    return reached[-1] if reached else None
+
+
 def dropout_for(steps: list[tuple[float, float]], epochs: float) -> float | None:
     """The dropout of a run predicted to train `epochs` epochs of its corpus: that of the last of `steps` (the recipe's
     `dropout_by_epochs`, (epochs, dropout) pairs, fewest epochs first) it reaches; None below the first (the model's
     own). A short run has nothing to over-fit, and dropout costs it updates; a long one passes over the same pairs
     again and again (docs/cpu_recipe.md, "The recipe at other budgets")."""
-    reached = [dropout for least, dropout in steps if epochs >= least]
-    return reached[-1] if reached else None
+    return reached_step(steps, epochs)
 
 
 def averaging_for(
@@ -110,10 +116,9 @@ def averaging_for(
     decides on those made (`finishing.averaging_of_run`). Late in a long run the checkpoints differ less, and
     more of them average to a better model; early in a short one they are far from trained (docs/cpu_recipe.md,
     "The averaging window on the curve's longer runs")."""
-    reached = [last for least, last in steps if epochs >= least]
-    if not reached:
+    last = reached_step(steps, epochs)
+    if last is None:
         return None
-    last = reached[-1]
     return last, min(1.0, max(window, (last - 0.5) * save_steps / max(1, max_steps)))
 
 
