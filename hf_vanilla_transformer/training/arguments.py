@@ -210,7 +210,11 @@ class ModelDataArguments:
         },
     )
     min_updates: int | None = field(
-        default=None, metadata={"help": "With --max_tokens_choices: the updates a budgeted run should reach."}
+        default=None,
+        metadata={
+            "help": "With --preset_choices or --max_tokens_choices: the updates a budgeted run should reach (a "
+            "size or batch that gives fewer is passed over for the next)."
+        },
     )
     size_min_updates: str | None = field(
         default=None,
@@ -281,9 +285,10 @@ class ModelDataArguments:
     source_check: str = field(
         default="stop",
         metadata={
-            "help": "At each validation after warmup, compare the loss with the sources shuffled within each batch "
-            "against the real one: a model whose translations do not depend on its source has collapsed. stop: "
-            "end training there and fail the run; warn: say so and go on; off: do not measure.",
+            "help": "At each validation, compare the loss with each batch's sources moved one pair along against "
+            "the real one; judged after warmup and after the run's first epoch: a model whose translations do not "
+            "depend on its source by then has collapsed. stop: end training there and fail the run; warn: say so "
+            "and go on; off: do not measure.",
             "choices": ["stop", "warn", "off"],
         },
     )

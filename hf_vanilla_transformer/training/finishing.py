@@ -25,17 +25,21 @@ from .settings import RunSettings
 from .start import keep_the_better
 
 
-def averaging_of_run(settings: RunSettings, training: Training) -> tuple[int, float]:
-    """The checkpoints the run averages and the last fraction of it they come from: where the epochs it made reach a
-    step of the recipe's `average_last_by_epochs`, that step's count, the window widened to hold them from the last
-    checkpoint back (a run stopped early by its plateau or deadline too); else the recipe's `average_last` and
-    `average_window`. The plan predicted the same from its epochs (its time, its line); the end decides on those made."""
+def averaging_of_run(settings: RunSettings, training: Training) -> tuple[int, float, dict | None]:
+    """The checkpoints the run averages, the last fraction of it they come from, and the rule that chose them as
+    `results.json` names it: where the epochs it made reach a step of the recipe's `average_last_by_epochs`, that
+    step's count, the window widened to hold them from the last checkpoint back (a run stopped early by its plateau
+    or deadline too); else the recipe's `average_last` and `average_window`, and no rule. The plan predicted the same
+    from its epochs (its time, its line); the end decides on those made, and says so in place of the prediction."""
     recipe, trainer = settings.recipe, training.trainer
     steps, args = trainer.state.global_step, trainer.args
     epochs = steps / updates_per_epoch(len(trainer.batch_sampler), args.gradient_accumulation_steps, args.world_size)
     spacing = training.budget.plan.schedule.save_steps or args.save_steps
     chosen = averaging_for(settings.averaging_steps, epochs, spacing, steps, recipe.average_window)
-    return chosen or (recipe.average_last, recipe.average_window)
+    if chosen is None:
+        return recipe.average_last, recipe.average_window, None
+    said = f"the last {chosen[0]} checkpoints averaged ({epochs:.1f} epochs made)"
+    return *chosen, {"rule": "average_last_by_epochs", "said": said}
 
 
 def plot_sentence(sources: list[str]) -> str:
@@ -56,7 +60,7 @@ def finish_run(
         (output_dir / "results.json").unlink(missing_ok=True)
         lap = _Lap(outcome.finishing)
         # 6. Average the last checkpoints into the model folder (§6.1).
-        last, window = averaging_of_run(settings, training)
+        last, window, outcome.averaging = averaging_of_run(settings, training)
         model, outcome.averaged = average_last_checkpoints(
             output_dir, output_dir, last, window, trainer.state.log_history
         )

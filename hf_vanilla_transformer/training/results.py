@@ -36,6 +36,7 @@ class RunOutcome:
     alpha_choice: dict | None = None
     start: dict | None = None  # a fine-tuning run's starting model on validation (training/start.py)
     kept: dict | None = None  # ... and which model the folder kept: "trained" or "start", with both scores
+    averaging: dict | None = None  # the averaging rule as the end applied it (`finishing.averaging_of_run`), or None
 
     @property
     def decode_seconds(self) -> float:
@@ -92,7 +93,7 @@ def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunO
         results["source_check"] = training.source_check.record()
     if training.plateau is not None:
         results["plateau"] = training.plateau.record()
-    results["rules"] = fired_rules(end.plan, results)
+    results["rules"] = fired_rules(end.plan, results, outcome.averaging)
     return publishable(results, private_paths(settings.recipe, settings.args), settings.output_dir)
 
 
@@ -141,12 +142,15 @@ def describe_time(spent: dict) -> str:
     return said
 
 
-def fired_rules(plan, results: dict) -> list[dict]:
+def fired_rules(plan, results: dict, averaging: dict | None = None) -> list[dict]:
     """The recipe's rules that decided something in the run, `{"rule": the recipe's value, "said": in words}`: the
-    plan's (`Record.rules`: the size, the dropout, a cut warmup, a fine-tuning start's peak and warmup) and how
-    training ended where a rule ended it (the plateau, the epoch cap, the deadline, a switch, the source not yet
+    plan's (`Record.rules`: the size, the dropout, a cut warmup, a fine-tuning start's peak and warmup), the averaging
+    count the end chose on the epochs made (`averaging`; the plan's prediction of it stays in `results["plan"]`), and
+    how training ended where a rule ended it (the plateau, the epoch cap, the deadline, a switch, the source not yet
     judged)."""
-    fired, ended = list(plan.record.rules), results["plan"]["ended_by"]
+    fired = [rule for rule in plan.record.rules if rule["rule"] != "average_last_by_epochs"]
+    fired += [averaging] if averaging is not None else []
+    ended = results["plan"]["ended_by"]
     if plan.history.switched_from:
         fired.append({"rule": "switch", "said": f"switched from {plan.history.switched_from.get('preset')}"})
     if ended == "validation plateau":
