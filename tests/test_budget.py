@@ -559,6 +559,7 @@ def test_a_one_minute_budget_stops_on_its_own_and_leaves_a_complete_folder(tmp_p
     steps = [int(name.split("-")[1]) for name in results["averaged_checkpoints"]]
     assert steps[-1] == results["training"]["steps"]
     assert len(steps) <= 5 and min(steps) >= 2 * steps[-1] // 3
+    assert "average_last_by_epochs" not in {rule["rule"] for rule in results["rules"]}
     # Where the minute went: the budget less the whole run is what was left unspent (or how far past it), said.
     spent = results["time"]
     assert spent["budget_seconds"] == 60 and spent["unspent_seconds"] == pytest.approx(60 - results["wall_seconds"])

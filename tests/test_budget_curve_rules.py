@@ -2,7 +2,7 @@
 (`size_min_updates`, measured only where the anchor's time allows), dropout follows the predicted epochs
 (`dropout_by_epochs`), a plateau of validation BLEU ends a run early and says so (`plateau_validations`), the
 collapse guard judges a model only once it has seen an epoch, the measuring step keeps the budget, and the
-checkpoints averaged follow the predicted epochs (`average_last_by_epochs`)."""
+checkpoints averaged follow the epochs made where a recipe asks for it (`average_last_by_epochs`, off in `cpu`)."""
 
 from __future__ import annotations
 
