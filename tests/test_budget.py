@@ -476,7 +476,7 @@ def test_the_cpu_recipe_file_reads_as_flags_that_the_command_line_overrides(tmp_
     assert recipe.lr_reference_tokens == 2048  # the peak's update size: 1,024-token updates peak at 1.40e-3
     assert (recipe.max_tokens_choices, recipe.min_updates) == (None, 4000)
     assert (recipe.preset_choices, recipe.length_penalty_choices) == ("medium,small,compact", "0.6,1.0,1.5")
-    assert (recipe.size_min_updates, recipe.dropout_by_epochs) == ("medium:12000", "8:0.1")
+    assert (recipe.size_min_updates, recipe.dropout_by_epochs) == ("medium:20000", "8:0.1")
     assert (recipe.max_epochs, recipe.plateau_validations) == (None, 3)
     assert args.max_steps == -1 and args.use_cpu and recipe.recipe == "cpu"
     recipe, args = parse_arguments(

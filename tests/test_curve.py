@@ -129,8 +129,14 @@ def test_the_table_reads_each_point_from_its_results(trained_folder, tmp_path):
     assert second["bleu"] == results["test"]["bleu"] and second["updates"] == results["training"]["steps"]
     assert second["epochs"] == results["training"]["epochs"] and second["chrf"] == results["test"]["chrf"]
     table = (curve_dir / "curve.md").read_text()
-    assert f"| 26 | 42 | {second['size']} | {second['precision']} | {results['training']['steps']:,} |" in table
-    assert f"{results['test']['bleu']:.2f}" in table and "| 13 | 42 | | | | | | | | | failed (exit status 1) |" in table
+    assert second["seconds_per_update"] == results["training"]["seconds_per_update"]
+    assert (
+        f"| 26 | 42 | {second['size']} | {second['precision']} | {results['training']['steps']:,} | "
+        f"{results['training']['seconds_per_update']:.3f} | {results['training']['epochs']:.1f} |"
+    ) in table
+    assert (
+        f"{results['test']['bleu']:.2f}" in table and "| 13 | 42 | | | | | | | | | | failed (exit status 1) |" in table
+    )
     assert (curve_dir / "curve.png").stat().st_size > 10_000
     # The rules: recorded ones as said; else what the plan shows.
     assert fired_rules({"rules": [{"rule": "preset_choices", "said": "size base"}]}) == ["size base"]

@@ -178,7 +178,7 @@ def test_the_trainer_runs_to_the_room_a_budget_may_replan_into(tmp_path):
 def test_the_command_line_settles_every_choice_before_any_work(tmp_path):
     settings = parse_run(["--output_dir", str(tmp_path)], default_recipe="cpu")
     assert settings.presets == ("medium", "small", "compact") and settings.token_sizes == (1024,)
-    assert settings.size_min_updates == (("medium", 12000),) and settings.dropout_steps == ((8, 0.1),)
+    assert settings.size_min_updates == (("medium", 20000),) and settings.dropout_steps == ((8, 0.1),)
     assert settings.alphas == (0.6, 1.0, 1.5) and settings.validates and settings.budgeted
     assert settings.choices.attentions == ("eager", "sdpa") and settings.choices.compiles == (False,)
     assert settings.rate == RateRule(1.0, 0.0019764, 256, 2048, 1000, 0.35)

@@ -302,6 +302,7 @@ def point_row(folder: Path, name: str, point: dict) -> dict:
         parameters=results.get("parameters"),
         precision=plan.get("precision") or training.get("precision"),
         updates=training.get("steps"),
+        seconds_per_update=training.get("seconds_per_update"),
         epochs=training.get("epochs"),
         bleu=test.get("bleu"),
         chrf=test.get("chrf"),
@@ -364,18 +365,19 @@ def render_table(rows: list[dict], curve: dict) -> str:
         f"`vanilla-transformer curve`: `{options['command']}` at each budget, flags {flags}, kernels "
         f"{options['kernels']}; {machine}",
         "",
-        "| minutes | seed | size | precision | updates | epochs | test BLEU | chrF | whole run (min) | rules that fired "
-        "| status |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| minutes | seed | size | precision | updates | s / update | epochs | test BLEU | chrF | whole run (min) "
+        "| rules that fired | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         if row.get("bleu") is None:
-            lines.append(f"| {row['minutes']:g} | {row['seed']} | | | | | | | | | {row['status']} |")
+            lines.append(f"| {row['minutes']:g} | {row['seed']} |{' |' * 9} {row['status']} |")
             continue
+        speed = row.get("seconds_per_update")  # the Trainer's over the run: how fast the host ran
         lines.append(
             f"| {row['minutes']:g} | {row['seed']} | {row['size']} | {row['precision']} | {row['updates']:,} | "
-            f"{row['epochs']:.1f} | {row['bleu']:.2f} | {row['chrf']:.2f} | {row['whole_minutes']:.1f} | "
-            f"{'; '.join(row['rules']) or '-'} | {row['status']} |"
+            f"{'' if speed is None else f'{speed:.3f}'} | {row['epochs']:.1f} | {row['bleu']:.2f} | "
+            f"{row['chrf']:.2f} | {row['whole_minutes']:.1f} | {'; '.join(row['rules']) or '-'} | {row['status']} |"
         )
     return "\n".join(lines)
 
