@@ -15,11 +15,11 @@ from test_budget import _small_or_tiny, _staged_plan
 from transformers import TrainerControl, TrainerState
 
 from hf_vanilla_transformer.training.arguments import ModelDataArguments, TransformerTrainingArguments
-from hf_vanilla_transformer.training.averaging import choose_checkpoints
+from hf_vanilla_transformer.training.averaging import averaging_for, choose_checkpoints
 from hf_vanilla_transformer.training.budget import BudgetClock, BudgetError, apply_plan
 from hf_vanilla_transformer.training.budget.calibration import measure_updates
 from hf_vanilla_transformer.training.budget.plan import BudgetPlan
-from hf_vanilla_transformer.training.budget.schedule import EventRule, averaging_for, dropout_for, event_spacing
+from hf_vanilla_transformer.training.budget.schedule import EventRule, dropout_for, event_spacing
 from hf_vanilla_transformer.training.callbacks import PlateauCallback
 from hf_vanilla_transformer.training.choices import average_last_by_epochs, dropout_by_epochs, size_min_updates
 from hf_vanilla_transformer.training.collapse import NOTHING_BELOW, SourceCheckCallback

@@ -26,7 +26,7 @@ entries and 10 returns is retired (2026-12-02); the ceilings stay where they wer
 or loaded machine's timing adds to the same code's walk: a re-plan at the first check of the speed (its refit and
 the callback acting on it), a plateau said, a deadline. On the 2-core AMD EPYC Zen 3 (AVX2 only) of 2026-12-02 the
 tiny run re-plans at its first check and its validation plateaus: 163 functions, 64 entries, 38 returns (issue 49's
-count 45 and 20), where the idle AMX Xeon walked 58 and 32; CI's machine walked 63. A run that starts again with another choice (its switch, the settings
+count 45 and 20), where the idle AMX Xeon walked 58 and 32; CI's machine walked 63. On 2026-12-07 the idle Zen 4 walked 66 and 40 and CI's machine 67 and 41 (its plateau's message a helper); three moves (docs/layout.md) took three of each back: 63 and 37 (46 and 21) on the Zen 4, a plateau adding none. A run that starts again with another choice (its switch, the settings
 switched to, the plan of a known choice) adds at most `MOST_ADDED_BY_A_RESTART` functions it had not called before
 the switch."""
 

@@ -11,6 +11,7 @@ from safetensors import safe_open
 from ..data.tokenizer import copy_tokenizer_files
 from ..model.modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from ..utils.faults import moment
+from .budget import reached_step
 from .checkpoints import checkpoint_folders, checkpoint_step
 
 
@@ -21,6 +22,23 @@ from .checkpoints import checkpoint_folders, checkpoint_step
 # 9.8% worse cost 0.5 BLEU on the 747 validation pairs (38.72 against 38.20).
 AVERAGE_WINDOW = 1 / 3
 WORSE_THAN_LAST = 0.08
+
+
+def averaging_for(
+    steps: list[tuple[float, int]], epochs: float, save_steps: int, max_steps: int, window: float
+) -> tuple[int, float] | None:
+    """The checkpoints a run of `epochs` epochs averages, and the fraction of the run they may come from: the count
+    of the last of `steps` (the recipe's `average_last_by_epochs`, (epochs, checkpoints) pairs, fewest epochs first)
+    it reaches, and the recipe's `window` widened to hold that many checkpoints `save_steps` apart back from the last
+    one, at update `max_steps` (half a spacing to spare: the last 8 of 12 reach back to 37.5% of the run); None below
+    the first (the recipe's `average_last` and `average_window`). The plan predicts it from its epochs
+    (`schedule.reached_step`), the end decides on those made (`finishing.averaging_of_run`). Late in a long run the
+    checkpoints differ less, and more of them average to a better model; early in a short one they are far from
+    trained (docs/cpu_recipe.md, "The averaging window on the curve's longer runs")."""
+    last = reached_step(steps, epochs)
+    if last is None:
+        return None
+    return last, min(1.0, max(window, (last - 0.5) * save_steps / max(1, max_steps)))
 
 
 def average_state_dicts(paths: list[str | Path]) -> dict[str, torch.Tensor]:

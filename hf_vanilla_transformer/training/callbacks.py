@@ -61,15 +61,13 @@ class PlateauCallback(TrainerCallback):
         if main_process_decides(self.since >= self.patience and not last, args.device):
             self.stopped_at = state.global_step
             control.should_training_stop = control.should_save = True
-            print(f"Stopped at update {self.said()}.", flush=True)
+            # Said here, not by a helper of its own: a slow machine's plateau would add its file to the run's walk.
+            best, bleu = self.best
+            said = (
+                f"validation BLEU has not risen in {self.patience} validations, its best {bleu:.2f} at update {best:,}"
+            )
+            print(f"Stopped at update {self.stopped_at:,}: {said}.", flush=True)
         return control
-
-    def said(self) -> str:
-        step, bleu = self.best
-        return (
-            f"{self.stopped_at:,}: validation BLEU has not risen in {self.patience} validations, its best "
-            f"{bleu:.2f} at update {step:,}"
-        )
 
     def record(self) -> dict:
         """What results.json keeps: the rule, where it stopped (None: it did not) and the best validation."""

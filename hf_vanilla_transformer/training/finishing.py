@@ -16,8 +16,8 @@ from ..sharing.model_card import write_model_card
 from ..sharing.plots import write_run_plots
 from ..utils.faults import moment
 from ..utils.files import disk_full, folder_bytes, is_disk_full, write_json_atomically
-from .averaging import average_last_checkpoints
-from .budget import TrainingEnd, averaging_for, updates_per_epoch
+from .averaging import average_last_checkpoints, averaging_for
+from .budget import TrainingEnd, updates_per_epoch
 from .building import Training
 from .results import RunOutcome, run_results
 from .run_data import PreparedData

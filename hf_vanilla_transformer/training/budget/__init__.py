@@ -35,7 +35,7 @@ from .plan import Budgeted, BudgetPlan
 from .planner import make_plan
 from .record import remove_plan
 from .replanning import Switch
-from .schedule import RateRule, averaging_for, check_cooldown_fraction, noam_schedule
+from .schedule import RateRule, check_cooldown_fraction, noam_schedule, reached_step
 
 
 __all__ = [
@@ -51,11 +51,11 @@ __all__ = [
     "TrainingEnd",
     "UpdateChoices",
     "apply_plan",
-    "averaging_for",
     "check_cooldown_fraction",
     "finishing_seconds",
     "make_plan",
     "noam_schedule",
+    "reached_step",
     "remove_plan",
     "trainer_optimizer",
     "updates_per_epoch",

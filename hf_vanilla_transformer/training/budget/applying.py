@@ -12,6 +12,7 @@ arguments and, where given, on the model. A new decision is one rule and its lin
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 from .plan import BudgetPlan
@@ -75,8 +76,8 @@ def apply_plan(plan: BudgetPlan, args, model=None, runs_to: int | None = None):
     those of the model; the user's arguments are left as given, and the copy holds no secret (`without_secrets`).
     The Trainer runs to `runs_to` where the budget may re-plan beyond the plan's length (its bound); the budget's
     callback holds it to the plan's."""
-    planned = args.without_secrets()
+    planned = copy.copy(args)
     for rule in RULES:
         rule(plan, planned, model)
     planned.max_steps = max(planned.max_steps, runs_to or 0)
-    return planned
+    return planned.without_secrets()  # last: the run's walk enters arguments.py once, on its way back

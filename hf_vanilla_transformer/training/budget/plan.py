@@ -34,7 +34,7 @@ class Choice:
     tokens), the batches per update (None in plans recorded before it), the precision ("fp32", "bf16", and on CUDA
     "fp16" or "tf32": utils/device.py), the attention implementation, whether the step is compiled, and the dropout
     the run's predicted epochs ask for (None: the model's own; `schedule.dropout_for`), and the checkpoints they would
-    average (None: the recipe's; `schedule.averaging_for`: the plan's time for the averaging, the end decides again
+    average (None: the recipe's; `averaging.averaging_for`: the plan's time for the averaging, the end decides again
     on the epochs made, `finishing.averaging_of_run`)."""
 
     preset: str | None = None
