@@ -1,34 +1,35 @@
-"""A run reads top to bottom (issues 37 and 49): every function of training/ a real budgeted run of the tiny model
-calls on a fresh corpus, traced.
+"""A run reads top to bottom (issues 37 and 49): every function of training/ a real budgeted run of the tiny model calls
+on a fresh corpus, traced.
 
-The walk is the order in which the run first calls each function of training/ (a call made by a function of
-training/: the Trainer's calls of its callbacks' hooks are not the run's own; a comprehension, a lambda or a
-function defined inside another counts as the function it is written in). The run enters a file each time that
-order moves to another file, and returns to one when it enters a file it had left. The test prints the walk, each
-function marked where it enters a file (>) or returns to one (<).
+The walk is the order in which the run first calls each function of training/ (a call made by a function of training/:
+the Trainer's calls of its callbacks' hooks are not the run's own; a comprehension, a lambda or a function defined
+inside another counts as the function it is written in). The run enters a file each time that order moves to another
+file, and returns to one when it enters a file it had left. The test prints the walk, each function marked where it
+enters a file (>) or returns to one (<).
 
 Issue 49's own count (its goal: at most 30 entries and 10 returns) is the same over the functions first called from
-another file (`Walk.entering`): a call within a file enters none, so a file's helpers called after it was left do
-not count. Measured on the code the issue described (866f8d3), it gives 57 entries and 35 returns, the issue's
-"about 56 and 34"; the walk gives 83 and 60 there. Both are held here and printed.
+another file (`Walk.entering`): a call within a file enters none, so a file's helpers called after it was left do not
+count. Measured on the code the issue described (866f8d3), it gives 57 entries and 35 returns, the issue's "about 56 and
+34"; the walk gives 83 and 60 there. Both are held here and printed.
 
-The walk, measured on 866f8d3: 150 functions, 83 file entries, 60 returns; 165, 88 and 63 on e81e45f. The plan's
-stages now hand values forward (the batches read from the data room, the test split a value, the rate and the
-Trainer's scheduler in one module, the callback's meter and event spacing its own): 155 functions, 60 entries, 35
-returns; with the calibration handing its times back to the measuring step that ranks them, 156, 60, 35; with the
-finishing steps in a file of their own and leaving the process group in utils/distributed.py, 155, 59, 33, as it
-stays with the plan said where it is made and written, the fit's figures of the plan gathered after its schedule
-(with the re-plans' rules) and the new shapes' seconds re-fitted in replanning.py. Issue 49's count: 46 entries and
-21 returns before these three, 42 and 17 after; with the budget checked at the run's start (before the corpus is
-read) and the measuring step timing its chosen update at more batch sizes and saying its choice itself (the
-calibration only times what it is given), 41 and 16, the walk 155, 58, 32 (docs/layout.md). The issue's goal of 30
-entries and 10 returns is retired (2026-12-02); the ceilings stay where they were then, with room for what a slower
-or loaded machine's timing adds to the same code's walk: a re-plan at the first check of the speed (its refit and
-the callback acting on it), a plateau said, a deadline. On the 2-core AMD EPYC Zen 3 (AVX2 only) of 2026-12-02 the
-tiny run re-plans at its first check and its validation plateaus: 163 functions, 64 entries, 38 returns (issue 49's
-count 45 and 20), where the idle AMX Xeon walked 58 and 32; CI's machine walked 63. On 2026-12-07 the idle Zen 4 walked 66 and 40 and CI's machine 67 and 41 (its plateau's message a helper); three moves (docs/layout.md) took three of each back: 63 and 37 (46 and 21) on the Zen 4, a plateau adding none. A run that starts again with another choice (its switch, the settings
-switched to, the plan of a known choice) adds at most `MOST_ADDED_BY_A_RESTART` functions it had not called before
-the switch."""
+The walk, measured on 866f8d3: 150 functions, 83 file entries, 60 returns; 165, 88 and 63 on e81e45f. The plan's stages
+now hand values forward (the batches read from the data room, the test split a value, the rate and the Trainer's
+scheduler in one module, the callback's meter and event spacing its own): 155 functions, 60 entries, 35 returns; with
+the calibration handing its times back to the measuring step that ranks them, 156, 60, 35; with the finishing steps in a
+file of their own and leaving the process group in utils/distributed.py, 155, 59, 33, as it stays with the plan said
+where it is made and written, the fit's figures of the plan gathered after its schedule (with the re-plans' rules) and
+the new shapes' seconds re-fitted in replanning.py. Issue 49's count: 46 entries and 21 returns before these three, 42
+and 17 after; with the budget checked at the run's start (before the corpus is read) and the measuring step timing its
+chosen update at more batch sizes and saying its choice itself (the calibration only times what it is given), 41 and 16,
+the walk 155, 58, 32 (docs/layout.md). The issue's goal of 30 entries and 10 returns is retired (2026-12-02); the
+ceilings stay where they were then, with room for what a slower or loaded machine's timing adds to the same code's walk:
+a re-plan at the first check of the speed (its refit and the callback acting on it), a deadline. On the 2-core AMD EPYC
+Zen 3 (AVX2 only) of 2026-12-02 the tiny run re-plans at its first check and its validation plateaus: 163 functions, 64
+entries, 38 returns (issue 49's count 45 and 20), where the idle AMX Xeon walked 58 and 32; CI's machine walked 63. On
+2026-12-07 the idle Zen 4 walked 66 and 40 and CI's machine 67 and 41 (its plateau's stop said by a helper of its own);
+the plateau now says it where it decides it, calling nothing new, and three moves (docs/layout.md) took three of each
+back: 63 and 37 (46 and 21) on the Zen 4. A run that starts again with another choice (its switch, the settings switched
+to, the plan of a known choice) adds at most `MOST_ADDED_BY_A_RESTART` functions it had not called before the switch."""
 
 from __future__ import annotations
 

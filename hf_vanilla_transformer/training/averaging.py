@@ -27,14 +27,14 @@ WORSE_THAN_LAST = 0.08
 def averaging_for(
     steps: list[tuple[float, int]], epochs: float, save_steps: int, max_steps: int, window: float
 ) -> tuple[int, float] | None:
-    """The checkpoints a run of `epochs` epochs averages, and the fraction of the run they may come from: the count
-    of the last of `steps` (the recipe's `average_last_by_epochs`, (epochs, checkpoints) pairs, fewest epochs first)
-    it reaches, and the recipe's `window` widened to hold that many checkpoints `save_steps` apart back from the last
-    one, at update `max_steps` (half a spacing to spare: the last 8 of 12 reach back to 37.5% of the run); None below
-    the first (the recipe's `average_last` and `average_window`). The plan predicts it from its epochs
+    """The checkpoints a run of `epochs` epochs averages, and the fraction of the run they may come from: the count of
+    the last of `steps` (the recipe's `average_last_by_epochs`, (epochs, checkpoints) pairs, fewest epochs first) it
+    reaches, and the recipe's `window` widened to hold that many checkpoints `save_steps` apart back from the last one,
+    at update `max_steps` (half a spacing to spare: the last 8 of 12 reach back to 37.5% of the run); None below the
+    first (the recipe's `average_last` and `average_window`). The plan predicts the count from its epochs
     (`schedule.reached_step`), the end decides on those made (`finishing.averaging_of_run`). Late in a long run the
-    checkpoints differ less, and more of them average to a better model; early in a short one they are far from
-    trained (docs/cpu_recipe.md, "The averaging window on the curve's longer runs")."""
+    checkpoints differ less, and more of them average to a better model; early in a short one they are far from trained
+    (docs/cpu_recipe.md, "The averaging window on the curve's longer runs")."""
     last = reached_step(steps, epochs)
     if last is None:
         return None
