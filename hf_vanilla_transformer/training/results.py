@@ -55,8 +55,8 @@ def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunO
     path but its name (utils/redact.py), test examples of the user's own files only where asked
     (`RunSettings.publishes_examples`)."""
     # The callbacks' records first: the run's walk returns to their files before it leaves this one (the test).
-    check = training.source_check.record() if training.source_check is not None else None
-    plateau = training.plateau.record() if training.plateau is not None else None
+    callbacks = {"source_check": training.source_check, "plateau": training.plateau}
+    records = {name: callback.record() for name, callback in callbacks.items() if callback is not None}
     corpus, asked = settings.corpus_name, settings.asked()
     results = {
         "name": Path(settings.output_dir).name,
@@ -92,10 +92,7 @@ def run_results(settings, data, training, end: TrainingEnd, model, outcome: RunO
         results["length_penalty_choice"] = outcome.alpha_choice
     if outcome.kept:
         results["kept"] = outcome.kept
-    if check is not None:
-        results["source_check"] = check
-    if plateau is not None:
-        results["plateau"] = plateau
+    results |= records
     results["rules"] = fired_rules(end.plan, results, outcome.averaging)
     return publishable(results, private_paths(settings.recipe, settings.args), settings.output_dir)
 
