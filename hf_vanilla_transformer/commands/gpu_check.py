@@ -1,7 +1,7 @@
 """The GPU check: the `gpu` tests (but the slow ones), the main job on the help corpus with the time left and the speed
-benchmark of base (eager and compiled) and big against MarianMTModel, in at most nine minutes set-up included, as
-one table with each row's goal and mark, also written as Markdown and JSON. On a machine without a CUDA device the
-same steps run scaled down, in a few minutes, and say that the figures mean nothing.
+benchmark of base (eager and compiled) and big against MarianMTModel, in at most nine and a half minutes set-up
+included, as one table with each row's goal and mark, also written as Markdown and JSON. On a machine without a CUDA
+device the same steps run scaled down, in a few minutes, and say that the figures mean nothing.
 
 Usage:
     vanilla-transformer gpu-check                                  # or: make gpu-check
@@ -43,12 +43,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument(
         "--max_minutes",
         type=float,
-        help="the main job's budget (default: on a GPU the time the check's 9 minutes leave it, on a CPU 3)",
+        help="the main job's budget (default: on a GPU the time the check's 9.5 minutes leave it, on a CPU 3)",
     )
     parser.add_argument(
         "--started_at",
         type=float,
-        help="when the check's set-up began (seconds since the epoch, `date +%%s`): its 9 minutes count from there",
+        help="when the check's set-up began (seconds since the epoch, `date +%%s`): its 9.5 minutes count from there",
     )
     args = parser.parse_args(argv)
     if args.started_at is not None and not 0 < time.time() - args.started_at < 3600:

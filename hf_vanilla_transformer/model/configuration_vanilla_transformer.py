@@ -183,7 +183,8 @@ class VanillaTransformerConfig(PreTrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> VanillaTransformerConfig:
-        """A config for one of the named sizes (`base`, `big`, `small`, `compact`, `tiny`), with `overrides` on top."""
+        """A config for one of the named sizes (`base`, `big`, `medium`, `small`, `compact`, `tiny`), with `overrides`
+        on top."""
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; expected one of {sorted(PRESETS)}.")
         return cls(**{**PRESETS[name], **overrides})

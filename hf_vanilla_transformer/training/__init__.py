@@ -9,7 +9,7 @@ run_data.py     corpus -> tokenizer -> tokenized split -> batches, the test spli
 models.py       the model trained: a preset's new one, or a saved one to fine-tune
 building.py     the Trainer of a plan with its callbacks
 trainer.py      the Trainer: the §5.3 schedule (the budget's), token-budget batches, checkpoints marked complete
-callbacks.py    checkpoints every few minutes, the set-up clock's first update, the progress line
+callbacks.py    checkpoints every few minutes, the set-up clock's first update, the progress line, the plateau's stop
 collapse.py     the guard against a model that stopped using its source
 checkpoints.py  checkpoint folders and the `.complete` protocol
 averaging.py    checkpoint choice and averaging (§6.1)
